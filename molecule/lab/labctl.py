@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""Lab hosts for sm120-serve: Debian systemd-nspawn containers with systemd as PID 1.
+
+The lab gives every host its own loopback address (127.0.X.N) in the shared network
+namespace and an sshd bound to it, so Ansible reaches lab hosts exactly as it reaches
+real ones (SSH, key, pipelining) and services on different hosts can use the same ports.
+
+Commands (all print progress to stderr and a JSON result to stdout):
+  rootfs RELEASE                 build (or reuse) the cached root filesystem
+  up NAME --release R --address A [--bind SRC:DST ...]
+                                 copy the rootfs, boot it, wait for systemd and sshd
+  down NAME | --all              power off and remove; leaves no process, mount or directory
+  status                         list the lab's hosts
+  check-clean                    exit 1 if any process, mount or directory of the lab remains
+
+State lives in $SM120_LAB_STATE (default <repo>/.lab/<lab id>), the rootfs cache in
+$SM120_LAB_CACHE (default <repo>/.cache/lab). The lab id ($SM120_LAB_ID, default "lab")
+keeps concurrent labs apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MIRROR = os.environ.get("SM120_LAB_MIRROR", "http://deb.debian.org/debian")
+SECURITY_MIRROR = os.environ.get("SM120_LAB_SECURITY_MIRROR", "http://deb.debian.org/debian-security")
+RELEASES = {"bookworm": "12", "trixie": "13"}
+# What every lab host has before Ansible touches it: what a minimal cloud image has.
+PACKAGES = [
+    "systemd", "systemd-sysv", "dbus", "python3", "python3-apt", "openssh-server",
+    "ca-certificates", "iproute2", "procps", "sudo", "gnupg",
+]
+# Units that have nothing to do in a container with a passive console.
+MASKED_UNITS = ["console-getty.service", "getty@tty1.service", "systemd-timesyncd.service",
+                "apt-daily.timer", "apt-daily-upgrade.timer"]
+# Bump when the recipe below changes in a way the hash cannot see.
+RECIPE_REVISION = "3"
+BOOT_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 30
+
+
+def log(msg: str) -> None:
+    print(f"[lab] {msg}", file=sys.stderr, flush=True)
+
+
+def lab_id() -> str:
+    return os.environ.get("SM120_LAB_ID", "lab")
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("SM120_LAB_STATE", REPO / ".lab" / lab_id()))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SM120_LAB_CACHE", REPO / ".cache" / "lab"))
+
+
+def ssh_key() -> Path:
+    """One key pair for the lab's SSH connections, made on first use."""
+    key = cache_dir() / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sm120-serve-lab",
+                        "-f", str(key)], check=True)
+    return key
+
+
+def recipe_hash(release: str) -> str:
+    recipe = json.dumps([RECIPE_REVISION, release, MIRROR, SECURITY_MIRROR, PACKAGES, MASKED_UNITS])
+    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+
+
+def sources_deb822(release: str) -> str:
+    return (f"Types: deb\nURIs: {MIRROR}\nSuites: {release} {release}-updates\nComponents: main\n"
+            "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
+            f"Types: deb\nURIs: {SECURITY_MIRROR}\nSuites: {release}-security\nComponents: main\n"
+            "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n")
+
+
+def build_rootfs(release: str) -> Path:
+    if release not in RELEASES:
+        sys.exit(f"unknown release {release!r}; supported: {', '.join(RELEASES)}")
+    root = cache_dir() / "rootfs" / f"{release}-{recipe_hash(release)}"
+    if (root / "etc" / "os-release").exists():
+        return root
+    partial = root.with_name(root.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    log(f"building the {release} root filesystem (debootstrap, about 90 s)")
+    started = time.monotonic()
+    subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+                    release, str(partial), MIRROR], check=True, stdout=subprocess.DEVNULL)
+    (partial / "etc/apt/sources.list").unlink(missing_ok=True)
+    (partial / "etc/apt/sources.list.d/debian.sources").write_text(sources_deb822(release))
+    for unit in MASKED_UNITS:
+        link = partial / "etc/systemd/system" / unit
+        link.unlink(missing_ok=True)
+        link.symlink_to("/dev/null")
+    # Each host gets its own machine id at copy time.
+    (partial / "etc/machine-id").write_text("")
+    subprocess.run(["chroot", str(partial), "apt-get", "clean"], check=True)
+    # Older builds of this release are stale: their recipe changed.
+    for old in root.parent.glob(f"{release}-*"):
+        if old != partial:
+            shutil.rmtree(old, ignore_errors=True)
+    partial.rename(root)
+    log(f"{release} root filesystem ready in {time.monotonic() - started:.0f} s")
+    return root
+
+
+def host_dir(name: str) -> Path:
+    return state_dir() / "hosts" / name
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is not alive.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def nsenter(leader: int, *cmd: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["nsenter", f"--target={leader}", "--mount", "--uts", "--ipc", "--net",
+                           "--pid", "--wd=/", "--", *cmd], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def wait_tcp(address: str, port: int, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((address, port), timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
+def up(name: str, release: str, address: str, binds: list[str]) -> dict:
+    meta_path = host_dir(name) / "host.json"
+    meta = read_json(meta_path)
+    if meta and alive(meta.get("pid", -1)):
+        if meta.get("release") != release or meta.get("address") != address:
+            sys.exit(f"lab host {name} is running as {meta['release']}@{meta['address']}; "
+                     f"run `down {name}` first")
+        log(f"{name}: already running ({address})")
+        return meta
+    down(name)
+    src = build_rootfs(release)
+    hdir = host_dir(name)
+    root = hdir / "rootfs"
+    hdir.mkdir(parents=True, exist_ok=True)
+    log(f"{name}: copying the {release} root filesystem")
+    subprocess.run(["cp", "-a", "--reflink=auto", str(src), str(root)], check=True)
+    (root / "etc/hostname").write_text(f"{name}\n")
+    (root / "etc/hosts").write_text(f"127.0.0.1 localhost\n{address} {name}\n")
+    (root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
+    (root / "etc/ssh/sshd_config.d/lab.conf").write_text(
+        f"ListenAddress {address}\nPermitRootLogin prohibit-password\nUseDNS no\n")
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    (ssh_dir / "authorized_keys").write_text(Path(f"{ssh_key()}.pub").read_text())
+    (ssh_dir / "authorized_keys").chmod(0o600)
+    cmd = ["systemd-nspawn", "-D", str(root), "--boot", "--register=no", "--keep-unit",
+           "--console=passive", f"--machine={name}"]
+    apt_cache = cache_dir() / "apt" / release
+    (apt_cache / "partial").mkdir(parents=True, exist_ok=True)
+    cmd.append(f"--bind={apt_cache}:/var/cache/apt/archives")
+    for bind in binds:
+        host_path = bind.split(":", 1)[0]
+        Path(host_path).mkdir(parents=True, exist_ok=True)
+        cmd.append(f"--bind={bind}")
+    log(f"{name}: booting at {address}")
+    with open(hdir / "console.log", "wb") as console:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console, stderr=console,
+                                start_new_session=True)
+    meta = {"name": name, "release": release, "version": RELEASES[release], "address": address,
+            "pid": proc.pid, "rootfs": str(root), "lab_id": lab_id()}
+    meta_path.write_text(json.dumps(meta))
+    deadline = time.monotonic() + BOOT_TIMEOUT_S
+    leader = None
+    while time.monotonic() < deadline and proc.poll() is None and not leader:
+        kids = children(proc.pid)
+        leader = kids[0] if kids else None
+        time.sleep(0.2)
+    if not leader:
+        tail = (hdir / "console.log").read_text(errors="replace")[-2000:]
+        down(name)
+        sys.exit(f"{name}: systemd-nspawn did not start a container:\n{tail}")
+    meta["leader"] = leader
+    meta_path.write_text(json.dumps(meta))
+    while time.monotonic() < deadline:
+        try:
+            state = nsenter(leader, "systemctl", "is-system-running", "--wait",
+                            timeout=max(1, deadline - time.monotonic())).stdout.strip()
+        except subprocess.TimeoutExpired:
+            state = "timeout"
+        if state in ("running", "degraded"):
+            break
+        time.sleep(0.5)
+    else:
+        down(name)
+        sys.exit(f"{name}: systemd did not finish booting within {BOOT_TIMEOUT_S} s")
+    if state == "degraded":
+        failed = nsenter(leader, "systemctl", "--failed", "--no-legend", "--plain").stdout
+        log(f"{name}: booted degraded; failed units:\n{failed}")
+    if not wait_tcp(address, 22, deadline):
+        down(name)
+        sys.exit(f"{name}: sshd did not listen on {address}:22 within {BOOT_TIMEOUT_S} s")
+    log(f"{name}: up ({release}, {address}, systemd {state})")
+    meta["identity_file"] = str(ssh_key())
+    meta_path.write_text(json.dumps(meta))
+    return meta
+
+
+def lab_processes(prefix: Path) -> list[int]:
+    """PIDs whose root directory lies under the lab's state directory."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            root = os.readlink(proc / "root")
+        except OSError:
+            continue
+        if root.startswith(str(prefix)):
+            found.append(int(proc.name))
+    return found
+
+
+def lab_mounts(prefix: Path) -> list[str]:
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4]
+        if point.startswith(str(prefix)):
+            mounts.append(point)
+    return mounts
+
+
+def down(name: str) -> None:
+    hdir = host_dir(name)
+    meta = read_json(hdir / "host.json")
+    pid = meta.get("pid")
+    if pid and alive(pid):
+        log(f"{name}: powering off")
+        os.kill(pid, signal.SIGTERM)  # nspawn turns SIGTERM into a clean poweroff
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if alive(pid):
+            log(f"{name}: poweroff timed out; killing")
+            os.killpg(pid, signal.SIGKILL)
+    # Whatever still runs inside the container's root is killed too.
+    for _ in range(50):
+        procs = lab_processes(hdir)
+        if not procs:
+            break
+        for p in procs:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    for point in sorted(lab_mounts(hdir), reverse=True):
+        subprocess.run(["umount", "-l", point], check=False)
+    if hdir.exists():
+        shutil.rmtree(hdir)
+        log(f"{name}: removed")
+
+
+def all_hosts() -> list[str]:
+    hosts = state_dir() / "hosts"
+    return sorted(p.name for p in hosts.iterdir()) if hosts.exists() else []
+
+
+def check_clean() -> int:
+    prefix = state_dir()
+    leftovers = {"processes": lab_processes(prefix), "mounts": lab_mounts(prefix),
+                 "hosts": all_hosts()}
+    print(json.dumps(leftovers))
+    return 1 if any(leftovers.values()) else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("rootfs")
+    p.add_argument("release", choices=sorted(RELEASES))
+    p = sub.add_parser("up")
+    p.add_argument("name")
+    p.add_argument("--release", required=True, choices=sorted(RELEASES))
+    p.add_argument("--address", required=True)
+    p.add_argument("--bind", action="append", default=[])
+    p = sub.add_parser("down")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--all", action="store_true")
+    sub.add_parser("status")
+    sub.add_parser("check-clean")
+    args = parser.parse_args()
+
+    if os.geteuid() != 0:
+        sys.exit("the lab needs root (systemd-nspawn, nsenter)")
+    if args.command == "rootfs":
+        print(json.dumps({"rootfs": str(build_rootfs(args.release))}))
+    elif args.command == "up":
+        print(json.dumps(up(args.name, args.release, args.address, args.bind)))
+    elif args.command == "down":
+        if not args.name and not args.all:
+            sys.exit("down: name a host or pass --all")
+        for name in all_hosts() if args.all else [args.name]:
+            down(name)
+        if args.all:
+            shutil.rmtree(state_dir(), ignore_errors=True)
+    elif args.command == "status":
+        print(json.dumps([dict(read_json(host_dir(n) / "host.json"),
+                               running=alive(read_json(host_dir(n) / "host.json").get("pid", -1)))
+                          for n in all_hosts()]))
+    elif args.command == "check-clean":
+        return check_clean()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
