@@ -10,6 +10,8 @@ Commands (all print progress to stderr and a JSON result to stdout):
   up NAME --release R --address A [--bind SRC:DST ...]
                                  copy the rootfs, boot it, wait for systemd and sshd
   down NAME | --all              power off and remove; leaves no process, mount or directory
+  up-inventory FILE              boot every host of an inventory that sets lab_release
+                                 (ansible_host is its address; lab_binds optional)
   status                         list the lab's hosts
   check-clean                    exit 1 if any process, mount or directory of the lab remains
 
@@ -313,6 +315,23 @@ def check_clean() -> int:
     return 1 if any(leftovers.values()) else 0
 
 
+def up_inventory(path: str) -> list[dict]:
+    """Boot the hosts of a YAML inventory: every host with lab_release is a lab host."""
+    import yaml  # the controller venv has it; the other commands need only the stdlib
+
+    hosts: dict[str, dict] = {}
+
+    def walk(group: dict) -> None:
+        for name, hvars in (group.get("hosts") or {}).items():
+            hosts.setdefault(name, {}).update(hvars or {})
+        for child in (group.get("children") or {}).values():
+            walk(child or {})
+
+    walk(yaml.safe_load(Path(path).read_text())["all"])
+    return [up(name, hv["lab_release"], hv["ansible_host"], hv.get("lab_binds", []))
+            for name, hv in sorted(hosts.items()) if "lab_release" in hv]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -326,6 +345,8 @@ def main() -> int:
     p = sub.add_parser("down")
     p.add_argument("name", nargs="?")
     p.add_argument("--all", action="store_true")
+    p = sub.add_parser("up-inventory")
+    p.add_argument("inventory")
     sub.add_parser("status")
     sub.add_parser("check-clean")
     args = parser.parse_args()
@@ -336,6 +357,8 @@ def main() -> int:
         print(json.dumps({"rootfs": str(build_rootfs(args.release))}))
     elif args.command == "up":
         print(json.dumps(up(args.name, args.release, args.address, args.bind)))
+    elif args.command == "up-inventory":
+        print(json.dumps(up_inventory(args.inventory)))
     elif args.command == "down":
         if not args.name and not args.all:
             sys.exit("down: name a host or pass --all")

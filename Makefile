@@ -1,0 +1,112 @@
+# sm120-serve: the two commands are `make lab` (converge the local lab) and `make test`
+# (everything CI runs). Each does its own set-up on a fresh machine.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV        := .venv
+SGLANG_VENV := .venv-sglang
+PY          := $(VENV)/bin/python
+ACTIVATE    := source $(VENV)/bin/activate
+LABCTL      := $(PY) molecule/lab/labctl.py
+APT_PACKAGES := debootstrap systemd-container openssh-client rsync
+export UV_CACHE_DIR := $(CURDIR)/.cache/uv
+export ANSIBLE_HOME := $(CURDIR)/.cache/ansible
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+# Role scenarios run in alphabetical order; site scenarios (molecule/<name>) after them.
+ROLE_DIRS        = $(sort $(dir $(patsubst %/,%,$(dir $(wildcard roles/*/molecule/*/molecule.yml)))))
+SITE_SCENARIOS   = $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+
+step = @printf '\n\033[1m==> %s\033[0m\n' "$(1)"
+
+.PHONY: help setup apt venv sglang-venv rootfs lab lab-destroy lint test test-static \
+        test-kernels test-lab test-roles test-site clean
+
+help:
+	@echo "make lab          converge the local lab (gpu-node + monitor) with site.yml"
+	@echo "make test         everything CI runs: static checks, kernels on CPU, Molecule"
+	@echo "make lint         static checks only"
+	@echo "make lab-destroy  remove the lab hosts"
+	@echo "make setup        apt packages, the controller venv and the lab root filesystems"
+
+setup: apt venv rootfs
+
+apt: .cache/apt.stamp
+.cache/apt.stamp:
+	$(call step,apt packages: $(APT_PACKAGES))
+	@mkdir -p .cache
+	@if ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; fi
+	@touch $@
+
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: requirements/controller.txt
+	$(call step,controller venv ($(VENV)) from requirements/controller.txt)
+	@python3 -m venv $(VENV)
+	@$(VENV)/bin/pip install -q -r requirements/controller.txt
+	@touch $@
+
+# The pinned SGLang stack from its hashed lock, plus test-only tools: CPU kernel tests,
+# the plugin test and the metric-name checks run against the real packages.
+sglang-venv: $(SGLANG_VENV)/.stamp
+$(SGLANG_VENV)/.stamp: files/sglang/requirements.lock requirements/kernels-test.txt $(VENV)/.stamp
+	$(call step,SGLang venv ($(SGLANG_VENV)) from files/sglang/requirements.lock)
+	@[ -x $(SGLANG_VENV)/bin/python ] || $(VENV)/bin/uv venv -q --python python3.11 $(SGLANG_VENV)
+	@$(VENV)/bin/uv pip sync -q --python $(SGLANG_VENV)/bin/python --require-hashes files/sglang/requirements.lock
+	@$(VENV)/bin/uv pip install -q --python $(SGLANG_VENV)/bin/python -r requirements/kernels-test.txt
+	@touch $@
+
+rootfs: apt venv
+	$(call step,lab root filesystems (Debian 12 and 13; cached))
+	@$(LABCTL) rootfs bookworm >/dev/null
+	@$(LABCTL) rootfs trixie >/dev/null
+
+# ---------------------------------------------------------------------------- the lab
+lab: setup
+	$(call step,lab hosts from inventory/lab)
+	@$(LABCTL) up-inventory inventory/lab/hosts.yml >/dev/null
+	$(call step,ansible-playbook site.yml on the lab)
+	@$(ACTIVATE) && ansible-playbook -i inventory/lab site.yml
+
+lab-destroy: venv
+	$(call step,removing the lab hosts)
+	@$(LABCTL) down --all
+	@$(LABCTL) check-clean >/dev/null && echo "lab removed: no host, process or mount left"
+
+# ---------------------------------------------------------------------------- tests
+lint test-static: venv
+	$(call step,yamllint)
+	@$(ACTIVATE) && yamllint --strict .
+	$(call step,ansible-lint (production profile))
+	@$(ACTIVATE) && ansible-lint --profile production
+	$(call step,syntax check of every playbook)
+	@$(ACTIVATE) && for pb in site.yml rollback.yml playbooks/*.yml; do \
+	  ansible-playbook -i inventory/lab --syntax-check "$$pb" >/dev/null && echo "ok  $$pb"; done
+	$(call step,role defaults match meta/argument_specs.yml)
+	@$(ACTIVATE) && python -m pytest -q tests/static
+
+test-kernels: sglang-venv
+	$(call step,kernels on CPU (Triton interpreter, sm_120 cross-compile, SGLang plugin))
+	@bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python
+
+test-lab: setup
+	$(call step,lab lifecycle: boot, failed converge, destroy leaves nothing)
+	@$(ACTIVATE) && python -m pytest -q tests/lab
+
+test-roles: setup
+	@for dir in $(ROLE_DIRS); do \
+	  printf '\n\033[1m==> molecule test --all in %s\033[0m\n' "$$dir"; \
+	  (cd $$dir && $(CURDIR)/$(VENV)/bin/molecule test --all) || exit 1; done
+
+test-site: setup
+	@for s in $(SITE_SCENARIOS); do \
+	  [ "$$s" = lab ] && continue; \
+	  printf '\n\033[1m==> molecule test -s %s\033[0m\n' "$$s"; \
+	  $(VENV)/bin/molecule test -s $$s || exit 1; done
+
+test: test-static test-kernels test-lab test-roles test-site
+	$(call step,all tests passed)
+
+clean: lab-destroy
+	rm -rf .cache/ansible
