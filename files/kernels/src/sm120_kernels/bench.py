@@ -1,0 +1,126 @@
+"""Benchmarks: time, bytes moved, bandwidth as a fraction of the device's
+measured copy bandwidth, and speed-up over the torch reference.
+
+    python -m sm120_kernels.bench [--plot bench.png] [--json PATH] [-k SUBSTRING] [--no-ref]
+
+Method (the device tool's METHOD.md): triton.testing.do_bench, which clears the
+L2 (writes a 256 MB buffer) before every timed call and times each call with
+CUDA events; medians. The MoE call is captured in a CUDA graph and replayed, as
+SGLang's decode does. The copy bandwidth is a 2 GiB device-to-device copy,
+counting bytes read plus bytes written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+TARGET_FRACTION = 0.80  # batch >= 8: at least 80% of copy bandwidth
+TARGET_BATCH1_US = 15.0
+
+
+def copy_bandwidth(device) -> float:
+    import torch
+    from triton.testing import do_bench
+
+    n = 1 << 31
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    a.random_()  # never time zeros
+    b = torch.empty_like(a)
+    ms = do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
+    del a, b
+    return 2 * n / (ms * 1e-3)
+
+
+def plot(rows, path, device_name, bw):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({r["group"] for r in rows})
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+    for ax, grp in zip(axes[0], groups):
+        rs = sorted((r for r in rows if r["group"] == grp), key=lambda r: r["batch"])
+        xs = [r["batch"] for r in rs]
+        ax.plot(xs, [r["time_us"] for r in rs], "o-", label="kernel (median)")
+        ax.plot(xs, [r["bound_us"] for r in rs], "k--", label="bytes / copy bandwidth")
+        if any(r.get("ref_time_us") for r in rs):
+            ax.plot(xs, [r.get("ref_time_us") for r in rs], "s:", label="torch reference")
+        for r in rs:
+            ax.annotate(f"{100 * r['bw_fraction']:.0f}%", (r["batch"], r["time_us"]),
+                        textcoords="offset points", xytext=(4, 6), fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch (tokens)")
+        ax.set_ylabel("µs")
+        ax.set_title(f"{grp}, EP8 share")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"sm120_kernels MoE W4A16 on {device_name} (copy {bw / 1e9:.0f} GB/s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sm120_kernels.bench")
+    ap.add_argument("--plot", default="sm120_kernels_bench.png")
+    ap.add_argument("--json", help="also write the JSON here")
+    ap.add_argument("-k", dest="filter")
+    ap.add_argument("--no-ref", action="store_true", help="skip timing the torch reference")
+    args = ap.parse_args(argv)
+
+    import torch
+    from triton.testing import do_bench
+
+    from . import __version__
+    from .registry import bench_cases
+
+    dev = torch.device("cuda")
+    name = torch.cuda.get_device_name(dev)
+    bw = copy_bandwidth(dev)
+    rows = []
+    for case in bench_cases():
+        if args.filter and args.filter not in case.name:
+            continue
+        spec = case.make(dev)
+        t = do_bench(spec.fn, warmup=25, rep=200, return_mode="median") * 1e3
+        t2 = do_bench(spec.fn, warmup=5, rep=100, return_mode="median") * 1e3
+        row = {"case": case.name, "group": case.group, "batch": case.batch,
+               "time_us": round(t, 2), "time_us_repeat": round(t2, 2), "bytes": spec.bytes,
+               "GBps": round(spec.bytes / (t * 1e-6) / 1e9, 1),
+               "bw_fraction": round(spec.bytes / (t * 1e-6) / bw, 3),
+               "bound_us": round(spec.bytes / bw * 1e6, 2)}
+        row.update({k: v for k, v in spec.extra.items() if not k.startswith("_")})
+        if spec.ref_fn is not None and not args.no_ref:
+            tr = do_bench(spec.ref_fn, warmup=1, rep=300, return_mode="median") * 1e3
+            row["ref_time_us"] = round(tr, 1)
+            row["speedup"] = round(tr / t, 1)
+        if case.batch == 1:
+            row["target"] = f"< {TARGET_BATCH1_US} us"
+            row["meets_target"] = t < TARGET_BATCH1_US
+        else:
+            row["target"] = f">= {TARGET_FRACTION:.0%} of copy bandwidth"
+            row["meets_target"] = row["bw_fraction"] >= TARGET_FRACTION
+        rows.append(row)
+        print(f"# {case.name}: {t:.1f} us ({row['bw_fraction']:.0%} of copy bw)"
+              + (f", ref {row['ref_time_us']:.0f} us, x{row['speedup']}" if "speedup" in row else ""),
+              file=sys.stderr, flush=True)
+        del spec
+    result = {"version": __version__, "device": name, "torch": torch.__version__,
+              "triton": __import__("triton").__version__, "copy_bandwidth_GBps": round(bw / 1e9, 1),
+              "method": "do_bench median, L2 cleared before each call, CUDA graph replay", "results": rows}
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
+    if rows and args.plot:
+        plot(rows, args.plot, name, bw)
+        print(f"# plot: {args.plot}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Tunable launch configurations, one JSON file per device name.
+
+File name: the CUDA device name with every run of non-alphanumerics replaced by
+"_" (``NVIDIA RTX PRO 6000 Blackwell Server Edition`` ->
+``NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition.json``). ``default.json`` is the
+safe fallback: its tiles fit sm_120's 101,376 B of shared memory.
+
+Layout: {format: {max_tokens: {"gate_up": cfg, "down": cfg}}}; the first bucket
+whose max_tokens >= the batch is used, else the largest. cfg holds BLOCK_M,
+BLOCK_N, BLOCK_K, num_warps, num_stages.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from importlib import resources
+
+KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
+
+
+def device_file_name(device_name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_") + ".json"
+
+
+def shipped_files() -> list[str]:
+    """The MoE files. Files named <kernel>-<device>.json belong to other kernels
+    (indexer.py, mhc.py) and are read by them."""
+    return sorted(p.name for p in resources.files(__package__).iterdir()
+                  if p.name.endswith(".json") and "-" not in p.name)
+
+
+@functools.lru_cache(maxsize=None)
+def load_file(name: str) -> dict:
+    data = json.loads(resources.files(__package__).joinpath(name).read_text())
+    for fmt, buckets in data.items():
+        if fmt.startswith("_"):
+            continue
+        for bucket in buckets.values():
+            for kernel in ("gate_up", "down"):
+                missing = [k for k in KEYS if k not in bucket[kernel]]
+                if missing:
+                    raise ValueError(f"{name}: {fmt}/{kernel} lacks {missing}")
+    return data
+
+
+@functools.lru_cache(maxsize=None)
+def _current_device_name() -> str | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name()
+    except Exception:
+        pass
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def file_for_device(device_name: str | None) -> str:
+    if device_name:
+        name = device_file_name(device_name)
+        if name in shipped_files():
+            return name
+    return "default.json"
+
+
+def pick(data: dict, fmt: str, num_tokens: int) -> dict:
+    buckets = sorted(data[fmt].items(), key=lambda kv: int(kv[0]))
+    for max_tokens, cfg in buckets:
+        if num_tokens <= int(max_tokens):
+            return cfg
+    return buckets[-1][1]
+
+
+def get_config(fmt: str, num_tokens: int, hidden: int = 0, inter: int = 0, experts: int = 0,
+               top_k: int = 0, device_name: str | None = None) -> dict:
+    name = file_for_device(device_name or _current_device_name())
+    return pick(load_file(name), fmt, num_tokens)

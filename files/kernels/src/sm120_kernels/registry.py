@@ -1,0 +1,80 @@
+"""Where selftest and bench find their cases.
+
+Each module named in CASE_MODULES exposes
+  selftest_cases() -> list[SelfTestCase]
+  bench_cases()    -> list[BenchCase]          (optional)
+Add a kernel by appending its module here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+CASE_MODULES = [
+    "sm120_kernels.fused_moe_w4a16",
+    "sm120_kernels.routing",
+]
+
+
+@dataclass
+class CaseResult:
+    ok: bool
+    detail: str = ""
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class SelfTestCase:
+    name: str
+    run: Callable[[object], CaseResult]  # run(device) -> CaseResult
+
+
+@dataclass
+class BenchSpec:
+    fn: Callable[[], object]  # the kernel call to time
+    bytes: int  # fewest bytes the call must move through device memory
+    ref_fn: Optional[Callable[[], object]] = None  # torch reference, for speed-up
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class BenchCase:
+    name: str
+    group: str  # plot panel, e.g. "DeepSeek-V4-Flash"
+    batch: int
+    make: Callable[[object], BenchSpec]  # make(device) -> BenchSpec
+
+
+def _modules():
+    return [importlib.import_module(m) for m in CASE_MODULES]
+
+
+def selftest_cases() -> list[SelfTestCase]:
+    out = []
+    for m in _modules():
+        out.extend(getattr(m, "selftest_cases", lambda: [])())
+    return out
+
+
+def bench_cases() -> list[BenchCase]:
+    out = []
+    for m in _modules():
+        out.extend(getattr(m, "bench_cases", lambda: [])())
+    return out
+
+
+def compare(out, ref, min_cos: float = 0.999, max_rel: float = 6.7e-3) -> CaseResult:
+    """The issue's tolerance on MoE outputs: cosine >= 0.999, relative error
+    ||out - ref|| / ||ref|| <= 6.7e-3, no NaN."""
+    import torch
+
+    o, r = out.float().flatten(), ref.float().flatten()
+    if not torch.isfinite(o).all():
+        return CaseResult(False, "non-finite output")
+    rn = r.norm().item()
+    rel = (o - r).norm().item() / rn if rn > 0 else (o.norm().item())
+    cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item() if rn > 0 else 1.0
+    ok = cos >= min_cos and rel <= max_rel
+    return CaseResult(ok, f"cos={cos:.6f} rel={rel:.2e}", {"cos": cos, "rel": rel})

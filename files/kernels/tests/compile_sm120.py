@@ -1,0 +1,118 @@
+"""Cross-compile every kernel, in every shipped configuration, for sm_120 with
+the installed Triton (no GPU needed) and report shared memory and spills.
+
+Run without TRITON_INTERPRET. Prints one JSON object per kernel variant.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+assert os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from sm120_kernels import configs, fused_moe_w4a16 as M, routing as R  # noqa: E402
+from sm120_kernels.models import MODELS  # noqa: E402
+
+TARGET = GPUTarget("cuda", 120, 32)
+SMEM_LIMIT = 101376
+
+
+def ptxas_stats(ptx: str) -> dict:
+    from triton.backends.nvidia import compiler as nv
+
+    ptxas = nv.get_ptxas(nv.GPUTarget("cuda", 120, 32)).path if hasattr(nv, "get_ptxas") else None
+    if ptxas is None:
+        ptxas = os.path.join(os.path.dirname(nv.__file__), "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        open(src, "w").write(ptx)
+        r = subprocess.run([ptxas, "-arch=sm_120a", "-v", src, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True, check=True)
+    log = r.stderr + r.stdout
+    spill_st = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", log))
+    spill_ld = sum(int(x) for x in re.findall(r"(\d+) bytes spill loads", log))
+    regs = max([int(x) for x in re.findall(r"Used (\d+) registers", log)] or [0])
+    return {"spill_stores": spill_st, "spill_loads": spill_ld, "registers": regs}
+
+
+def compile_one(fn, signature, constexprs, num_warps, num_stages):
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    k = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    out = {"shared": k.metadata.shared, "sm120a": ".target sm_120a" in k.asm["ptx"]}
+    out.update(ptxas_stats(k.asm["ptx"]))
+    return out
+
+
+def gemm_variants():
+    ptr = {"bf16": "*bf16", "i32": "*i32", "u8": "*u8", "f32": "*fp32"}
+    for fname in configs.shipped_files():
+        data = configs.load_file(fname)
+        for model in MODELS:
+            fmt = model.fmt
+            for bucket, cfgs in data[fmt].items():
+                for kernel, gated in (("gate_up", True), ("down", False)):
+                    c = cfgs[kernel]
+                    sig = {
+                        "x_ptr": ptr["bf16"], "w_ptr": ptr["i32"],
+                        "s_ptr": ptr["u8"] if fmt == "nvfp4" else ptr["bf16"], "g_ptr": ptr["f32"],
+                        "out_ptr": ptr["bf16"] if gated else ptr["f32"], "tw_ptr": ptr["f32"],
+                        "sorted_ids_ptr": ptr["i32"], "expert_ids_ptr": ptr["i32"], "num_post_ptr": ptr["i32"],
+                        "num_valid": "i32", "top_k": "i32", "N": "i32", "K": "i32",
+                        "stride_xm": "i64", "stride_xk": "i64",
+                        "stride_we": "i64", "stride_wn": "i64", "stride_wk": "i64",
+                        "stride_se": "i64", "stride_sn": "i64", "stride_sk": "i64",
+                        "stride_om": "i64", "up_offset": "i32", "g_mult": "fp32", "swiglu_limit": "fp32",
+                    }
+                    const = dict(FMT=M.FORMATS.index(fmt), GROUP=M.GROUP_SIZE[fmt], GATED=gated,
+                                 X_IS_SORTED=not gated, HAS_LIMIT=bool(model.swiglu_limit) and gated,
+                                 USE_ASM=True, INTERP=False, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+                                 BLOCK_K=c["BLOCK_K"])
+                    for k, v in const.items():
+                        sig[k] = "constexpr"
+                    name = f"{fname}:{fmt}:{bucket}:{kernel}"
+                    yield name, M._moe_gemm_kernel, sig, const, c["num_warps"], c["num_stages"]
+
+
+def other_variants():
+    sig = {"buf_ptr": "*fp32", "ids_ptr": "*i32", "out_ptr": "*bf16", "top_k": "i32", "H": "i32",
+           "num_local": "i32", "rsf": "fp32", "stride_bm": "i64", "stride_om": "i64",
+           "BLOCK_H": "constexpr", "INTERP": "constexpr"}
+    yield "combine", M._combine_kernel, sig, {"BLOCK_H": 1024, "INTERP": False}, 4, 1
+    for n, warps in ((64, 4), (2048, 4), (8192, 8)):
+        sig = {"ids_ptr": "*i32", "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "num_post_ptr": "*i32",
+               "scratch_ptr": "*i32", "n": "i32", "E": "i32", "CAP": "i32", "BLOCK": "constexpr",
+               "E_BINS": "constexpr", "BLOCK_M": "constexpr", "INIT_BLOCK": "constexpr"}
+        yield f"align[{n}]", R._align_kernel, sig, {"BLOCK": n, "E_BINS": 512, "BLOCK_M": 16, "INIT_BLOCK": 1024}, warps, 1
+    for model in MODELS:
+        sig = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i32",
+               "E": "i32", "stride_l": "i64", "rsf": "fp32"}
+        const = dict(TOPK=triton.next_power_of_2(model.top_k), SCORE=R.SCORING.index(model.scoring),
+                     N_GROUP=model.num_expert_group, TOPK_GROUP=model.topk_group, RENORM=True,
+                     APPLY_RSF=True, BLOCK_G=triton.next_power_of_2(model.experts // model.num_expert_group))
+        sig.update({k: "constexpr" for k in const})
+        yield f"topk[{model.name}]", R._biased_topk_kernel, sig, const, 4, 1
+
+
+def main():
+    only = sys.argv[1] if len(sys.argv) > 1 else None
+    for name, fn, sig, const, w, s in list(gemm_variants()) + list(other_variants()):
+        if only and only not in name:
+            continue
+        try:
+            res = compile_one(fn, sig, const, w, s)
+            res["ok"] = res["shared"] <= SMEM_LIMIT and res["spill_stores"] == 0 and res["spill_loads"] == 0
+        except Exception as exc:  # an OutOfResources or compile error is a failure
+            res = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        res["name"] = name
+        print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Routing kernels against their references under the Triton interpreter."""
+
+import pytest
+import torch
+
+from sm120_kernels import routing as R
+
+
+@pytest.mark.parametrize("E,k,scoring,ng,tg", [
+    (64, 6, "sqrtsoftplus", 1, 1),   # DeepSeek-V4 style
+    (96, 8, "sigmoid", 1, 1),        # Kimi style, E not a power of two
+    (64, 8, "sigmoid", 8, 4),        # DeepSeek-V3 grouped
+    (64, 6, "sigmoid", 1, 1),        # k not a power of two with grouping off
+])
+@pytest.mark.parametrize("ties", [False, True])
+def test_biased_topk_exact(interpret, E, k, scoring, ng, tg, ties):
+    res = R.check_topk("cpu", E, k, scoring, ng, tg, T=7, ties=ties, seed=E + k)
+    assert res.ok, res.detail
+
+
+def test_ties_lower_index_wins(interpret):
+    logits = torch.zeros((2, 16))
+    bias = torch.zeros(16)
+    w, ids = R.biased_topk(logits, bias, 4, scoring_func="sigmoid", renormalize=True)
+    assert ids.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    torch.testing.assert_close(w, torch.full((2, 4), 0.25))
+
+
+def test_sqrtsoftplus_large_negative(interpret):
+    # log1p accuracy: very negative logits must still rank by value
+    logits = torch.tensor([[-30.0, -25.0, -20.0, -28.0, 1.0, -40.0, -22.0, -35.0]])
+    w, ids = R.biased_topk(logits, torch.zeros(8), 4, scoring_func="sqrtsoftplus", renormalize=False)
+    rw, rids = R.biased_topk_reference(logits, torch.zeros(8), 4, scoring_func="sqrtsoftplus", renormalize=False)
+    assert ids.tolist() == rids.tolist() == [[4, 2, 6, 1]]
+    torch.testing.assert_close(w, rw, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("T,k,E,bm", [(1, 6, 32, 16), (5, 3, 4, 16), (33, 8, 48, 16), (7, 2, 3, 4)])
+def test_align_exact(interpret, T, k, E, bm):
+    res = R.check_align("cpu", T, k, E, bm, seed=T)
+    assert res.ok, res.detail
+
+
+def test_align_all_remote(interpret):
+    ids = torch.full((3, 2), -1, dtype=torch.int32)
+    sorted_ids, expert_ids, num_post = R.moe_align(ids, 8, 16)
+    assert int(num_post) == 0
+    assert (sorted_ids == 6).all()
