@@ -57,6 +57,7 @@ except (TypeError, ValueError):  # pragma: no cover
 
 # Defaults when no per-device config file has an entry (see configs.py / JSON).
 DEFAULT_LOGITS_CONFIG = {"max_pages_per_prog": 8, "num_warps": 4, "num_stages": 3, "prefetch": True}
+DEFAULT_LOGITS_N2_CONFIG = {"max_pages_per_prog": 8, "num_warps": 8, "num_stages": 3, "prefetch": True}
 DEFAULT_TOPK_CONFIG = {"block": 2048, "num_warps": 8}
 
 
@@ -274,7 +275,10 @@ def paged_mqa_logits(
     if rows == 0 or max_context_len == 0:
         return out
 
-    cfg = _resolve_config("logits", DEFAULT_LOGITS_CONFIG, config, q.device)
+    if next_n == 1:
+        cfg = _resolve_config("logits", DEFAULT_LOGITS_CONFIG, config, q.device)
+    else:
+        cfg = _resolve_config("logits_next_n2", DEFAULT_LOGITS_N2_CONFIG, config, q.device)
     n_out_pages = triton.cdiv(max_context_len, PAGE_SIZE)
     # Enough programs to fill the device about four times over; at most
     # max_pages_per_prog pages each.

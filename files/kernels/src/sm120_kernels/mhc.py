@@ -33,7 +33,8 @@ SINKHORN_ITERS = 20
 HIDDEN = 4096  # DeepSeek-V4-Flash
 POST_MULT = 2.0
 
-DEFAULT_STAGE1_CONFIG = {"block_m": 16, "chunk_d": 128, "block_d": 32, "num_warps": 4}
+DEFAULT_STAGE1_CONFIG = {"block_m": 16, "chunk_d": 128, "block_d": 16, "num_warps": 4}
+DEFAULT_FUSED_CONFIG = {"block_m": 16, "chunk_d": 128, "block_d": 8, "num_warps": 4}
 DEFAULT_FINISH_CONFIG = {"block_d": 1024, "num_warps": 4}
 DEFAULT_POST_CONFIG = {"block_m": 1, "chunk_d": 512, "block_d": 512, "num_warps": 4}
 
@@ -246,7 +247,12 @@ def _stage1(
     n, hc, d = residual.shape
     do_post = x is not None
     do_gemm = fn is not None
-    cfg = _resolve("stage1" if do_gemm else "post", DEFAULT_STAGE1_CONFIG if do_gemm else DEFAULT_POST_CONFIG, config, residual.device)
+    if do_gemm and do_post:
+        cfg = _resolve("stage1_fused", DEFAULT_FUSED_CONFIG, config, residual.device)
+    elif do_gemm:
+        cfg = _resolve("stage1", DEFAULT_STAGE1_CONFIG, config, residual.device)
+    else:
+        cfg = _resolve("post", DEFAULT_POST_CONFIG, config, residual.device)
     bm, chunk, bd = int(cfg["block_m"]), int(cfg["chunk_d"]), int(cfg["block_d"])
     if do_gemm:
         bm = max(bm, 16)

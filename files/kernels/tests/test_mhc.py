@@ -1,0 +1,189 @@
+"""DeepSeek-V4 mHC kernels: CPU interpreter tests, sm_120 cross-compile of
+every shipped config, GPU tests (marked gpu) at the real shapes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from importlib import resources
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from sm120_kernels import mhc as M  # noqa: E402
+
+on_cpu = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+gpu = pytest.mark.gpu
+TOL = M.MHC_TOL  # 2.3e-3 relative, bf16 outputs
+
+
+# ---------------------------------------------------------------- CPU (interpreter)
+
+
+@on_cpu
+@pytest.mark.parametrize("n,d", [(1, 256), (3, 320), (17, 192)])  # d not a multiple of the tiles; n not of 16
+def test_pre_post_fused_match_reference(n, d):
+    res = M.check_case(n, d, "cpu", seed=n + d)
+    for key, value in res.items():
+        if key not in ("ok", "col_sum_err"):
+            assert value < TOL, (key, value)
+    assert res["col_sum_err"] < 1e-5
+    assert res["ok"]
+
+
+@on_cpu
+def test_sinkhorn_columns_sum_to_one_and_matrix_not_symmetric():
+    residual, _, fn, scale, base, _, _ = M.make_inputs(9, 256, seed=1)
+    _, post, comb = M.mhc_pre(residual, fn, scale, base, M.RMS_EPS, M.HC_EPS)
+    assert (comb.double().sum(-2) - 1).abs().max() < 1e-5
+    assert (comb - comb.transpose(1, 2)).abs().max() > 1e-2  # the test can tell a transposed port
+    _, rpost, rcomb = M.mhc_pre_ref(residual, fn, scale, base, M.RMS_EPS, M.HC_EPS)
+    assert M.rel_err(comb, rcomb) < 1e-5 and M.rel_err(post, rpost) < 1e-5
+
+
+@on_cpu
+def test_post_uses_comb_k_j_not_j_k():
+    """out[j] = post_j * y + sum_k comb[k, j] x_k: a transposed comb must fail."""
+    residual, x, _, _, _, post, comb = M.make_inputs(4, 128, seed=2)
+    assert (comb - comb.transpose(1, 2)).abs().max() > 1e-2
+    out = M.mhc_post(x, residual, post, comb)
+    good = M.rel_err(out, M.mhc_post_ref(x, residual, post, comb))
+    bad = M.rel_err(out, M.mhc_post_ref(x, residual, post, comb.transpose(1, 2)))
+    assert good < TOL and bad > 10 * TOL
+
+
+@on_cpu
+def test_pre_explicit_formula_small():
+    """Hand-built case: pre weights, the collapse and the eps placement."""
+    torch.manual_seed(3)
+    n, hc, d = 2, 4, 64
+    residual = torch.randn(n, hc, d).to(torch.bfloat16)
+    fn = torch.randn(24, hc * d) * 0.05
+    scale = torch.tensor([1.0, 0.5, 3.0])
+    base = torch.randn(24)
+    y, post, comb = M.mhc_pre(residual, fn, scale, base, 1e-6, 1e-6, 20)
+    xf = residual.reshape(n, -1).double()
+    mixes = (xf @ fn.double().T) * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6)
+    pre = torch.sigmoid(mixes[:, :4] * 1.0 + base[:4].double()) + 1e-6
+    y_ref = (pre[:, :, None] * residual.double()).sum(1)
+    assert M.rel_err(y, y_ref) < TOL
+    assert M.rel_err(post, 2 * torch.sigmoid(mixes[:, 4:8] * 0.5 + base[4:8].double())) < 1e-5
+
+
+@on_cpu
+def test_zero_tokens():
+    residual = torch.empty(0, 4, 128, dtype=torch.bfloat16)
+    fn = torch.randn(24, 512)
+    y, post, comb = M.mhc_pre(residual, fn, torch.ones(3), torch.zeros(24), 1e-6, 1e-6)
+    assert y.shape == (0, 128) and post.shape == (0, 4) and comb.shape == (0, 4, 4)
+
+
+# ---------------------------------------------------------------- sm_120 cross-compile
+
+STAGE1_SIG = {
+    "x_ptr": "*bf16",
+    "y_ptr": "*bf16",
+    "post_ptr": "*fp32",
+    "comb_ptr": "*fp32",
+    "res_ptr": "*bf16",
+    "fn_ptr": "*fp32",
+    "part_ptr": "*fp32",
+    "sq_ptr": "*fp32",
+    "n": "i32",
+    "D": "i32",
+    "stride_xn": "i32",
+    "stride_xk": "i32",
+    "stride_yn": "i32",
+    "stride_pn": "i32",
+    "stride_cn": "i32",
+    "stride_rn": "i32",
+    "stride_fn": "i32",
+}
+FINISH_SIG = {
+    "x_ptr": "*bf16",
+    "part_ptr": "*fp32",
+    "sq_ptr": "*fp32",
+    "scale_ptr": "*fp32",
+    "base_ptr": "*fp32",
+    "y_ptr": "*bf16",
+    "post_ptr": "*fp32",
+    "comb_ptr": "*fp32",
+    "n": "i32",
+    "D": "i32",
+    "n_chunks": "i32",
+    "stride_xn": "i32",
+    "stride_xk": "i32",
+    "stride_yn": "i32",
+    "inv_k": "fp32",
+    "rms_eps": "fp32",
+    "hc_eps": "fp32",
+    "post_mult": "fp32",
+}
+
+
+def _shipped_mhc_configs():
+    root = resources.files("sm120_kernels").joinpath("configs")
+    out = []
+    for f in sorted(root.iterdir(), key=lambda p: p.name):
+        if f.name.startswith("mhc-") and f.name.endswith(".json"):
+            for key, cfg in json.loads(f.read_text()).items():
+                if not key.startswith("_"):
+                    out.append((f.name, key, cfg))
+    return out
+
+
+def _cases():
+    cases = []
+    for fname, key, cfg in _shipped_mhc_configs():
+        if key in ("stage1", "stage1_fused"):
+            cases.append(pytest.param(fname, key, cfg, key == "stage1_fused", id=f"{fname}:{key}"))
+        else:
+            cases.append(pytest.param(fname, key, cfg, False, id=f"{fname}:{key}"))
+    return cases
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiles with the real compiler")
+@pytest.mark.parametrize("fname,key,cfg,do_post", _cases())
+def test_shipped_configs_compile_for_sm120(fname, key, cfg, do_post):
+    from sm120_compile_util import SM120_SHARED_LIMIT, compile_sm120
+
+    if key == "finish":
+        r = compile_sm120(
+            M._mhc_finish_kernel,
+            FINISH_SIG,
+            {"HC": 4, "MIXP": 32, "NCH": 64, "ITERS": 20, "BD": cfg["block_d"]},
+            cfg["num_warps"],
+        )
+    else:
+        gemm = key in ("stage1", "stage1_fused")
+        r = compile_sm120(
+            M._mhc_stage1_kernel,
+            STAGE1_SIG,
+            {
+                "HC": 4,
+                "MIX": 24,
+                "MIXP": 32,
+                "BM": max(16, cfg["block_m"]) if gemm else cfg["block_m"],
+                "CHUNK": cfg["chunk_d"],
+                "BD": cfg["block_d"],
+                "DO_POST": do_post or not gemm,
+                "DO_GEMM": gemm,
+            },
+            cfg["num_warps"],
+        )
+    assert r["shared"] <= SM120_SHARED_LIMIT, r["shared"]
+    assert r["spills"] == 0, r["report"]
+    assert r["stack"] == 0, r["report"]
+
+
+# ---------------------------------------------------------------- GPU (lent H200; not CI)
+
+
+@gpu
+@pytest.mark.parametrize("n", [1, 8, 64, 257, 4096])
+def test_gpu_real_shapes(n):
+    res = M.check_case(n, M.HIDDEN, "cuda", seed=n)
+    assert res["ok"], res
