@@ -1,0 +1,53 @@
+"""The shipped inventories (examples and the lab) pass preflight's engine and topology checks."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from ansible.inventory.manager import InventoryManager
+from ansible.parsing.dataloader import DataLoader
+from ansible.vars.manager import VariableManager
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = importlib.util.spec_from_file_location(
+    "preflight_checks", REPO / "roles/preflight/filter_plugins/preflight_checks.py")
+checks = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(checks)
+INVENTORIES = sorted(p for p in (REPO / "inventory/examples").iterdir() if p.is_dir()) + [REPO / "inventory/lab"]
+
+
+def host_vars(inventory: Path) -> tuple[dict, InventoryManager]:
+    loader = DataLoader()
+    manager = InventoryManager(loader=loader, sources=[str(inventory)])
+    variables = VariableManager(loader=loader, inventory=manager)
+    return {h.name: variables.get_vars(host=h) for h in manager.get_hosts()}, manager
+
+
+@pytest.mark.parametrize("inventory", INVENTORIES, ids=[p.name for p in INVENTORIES])
+def test_inventory_passes_engine_and_topology_checks(inventory: Path) -> None:
+    hostvars, manager = host_vars(inventory)
+    engine_hosts = [h.name for h in manager.groups["sglang_engine_hosts"].get_hosts()]
+    router_hosts = [h.name for h in manager.groups["sglang_router_hosts"].get_hosts()]
+    assert engine_hosts and router_hosts
+    errors = []
+    for host in engine_hosts:
+        hv = hostvars[host]
+        address = hv.get("ansible_host", host)
+        ports = {"port": 8000, "metrics_port": 29000} if host in router_hosts else {}
+        errors += checks.engine_errors(hv["sglang_engines"], host, 8, address, ports)
+    resolved = {h: {"sglang_engines": hostvars[h]["sglang_engines"], "ansible_host": hostvars[h].get("ansible_host")}
+                for h in engine_hosts}
+    errors += checks.topology_errors(resolved, engine_hosts, router_hosts)
+    assert errors == []
+
+
+def test_checks_catch_an_overlap_in_an_example() -> None:
+    """The same checks fail when an example is broken (the test above can fail)."""
+    hostvars, _ = host_vars(REPO / "inventory/examples/single-node-pd")
+    engines = [dict(e) for e in hostvars["gpu-box-1"]["sglang_engines"]]
+    engines[1]["gpus"] = [3, 4, 5, 6]
+    errors = checks.engine_errors(engines, "gpu-box-1", 8, "10.0.0.11", {})
+    assert errors == ["gpu-box-1: sglang_engines[1] (decode-0).gpus: GPU 3 is also used by prefill-0. "
+                      "Fix: give each engine on a host its own GPUs."]
