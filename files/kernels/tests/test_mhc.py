@@ -171,6 +171,7 @@ def test_shipped_configs_compile_for_sm120(fname, key, cfg, do_post):
                 "BD": cfg["block_d"],
                 "DO_POST": do_post or not gemm,
                 "DO_GEMM": gemm,
+                "DOT_BF16": True,
             },
             cfg["num_warps"],
         )

@@ -687,60 +687,83 @@ def check_logits_case(batch, next_n, context_lens, device, *, seed=0, ctx_2d=Fal
 
 
 def selftest_cases():
-    """(name, callable(device) -> dict with 'ok') at the model's real shapes."""
+    """SelfTestCase list at the model's real shapes (64 heads x 128, 64-token pages)."""
+    from .registry import CaseResult, SelfTestCase
 
-    def logits_case(batch, next_n, ctxs, seed):
+    def case(batch, next_n, ctxs, seed):
         def run(device):
-            return check_logits_case(batch, next_n, ctxs, device, seed=seed)
+            r = check_logits_case(batch, next_n, ctxs, device, seed=seed)
+            detail = f"calc_diff={r['calc_diff']:.2e} same_mask={r['same_mask']} topk_overlap={r['topk_overlap']:.4f}"
+            return CaseResult(bool(r["ok"]), detail, r)
 
         return run
 
     return [
-        ("indexer.logits+topk b4 n1 ctx[1000,4097,65,33000]", logits_case(4, 1, [1000, 4097, 65, 33000], 1)),
-        ("indexer.logits+topk b3 n2 ctx[513,2049,8191]", logits_case(3, 2, [513, 2049, 8191], 2)),
+        SelfTestCase("dsv4.indexer logits+topk b4 next_n1 ctx[1000,4097,65,33000]", case(4, 1, [1000, 4097, 65, 33000], 1)),
+        SelfTestCase("dsv4.indexer logits+topk b3 next_n2 ctx[513,2049,8191]", case(3, 2, [513, 2049, 8191], 2)),
     ]
 
 
-def bench_cases():
-    """(name, setup(device) -> dict(fn, ref_fn, bytes)) for bench.py."""
+def _graphed(fn):
+    """Capture fn in a CUDA graph (as SGLang's decode runs it); return replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
 
-    def logits_setup(batch, next_n, ctx_len, with_topk):
-        def setup(device):
-            q, kv, w, ctx, bt, max_ctx = make_inputs(
-                batch, next_n, [ctx_len] * batch, device="cpu", seed=7, extra_pages=0
-            )
+
+def bench_cases():
+    """BenchCase list: bytes = the KV pages it must read (+ q, weights, output)."""
+    from .registry import BenchCase, BenchSpec
+
+    def setup(batch, next_n, ctx_len, with_topk):
+        def make(device):
+            q, kv, w, ctx, bt, max_ctx = make_inputs(batch, next_n, [ctx_len] * batch, seed=7, extra_pages=0)
             q, kv, w, ctx, bt = (t.to(device) for t in (q, kv, w, ctx, bt))
             rows = batch * next_n
             scratch = torch.empty(rows, max_ctx, dtype=torch.float32, device=device)
             idx = torch.empty(rows, TOPK, dtype=torch.int32, device=device)
             lens = row_lengths(ctx, next_n)
-            nbytes = batch * ctx_len * (HEAD_DIM + 4) + q.numel() + w.numel() * 4 + rows * max_ctx * 4
-
+            kv_bytes = batch * ctx_len * (HEAD_DIM + 4)
             if with_topk:
 
                 def fn():
                     paged_mqa_logits(q, kv, w, ctx, bt, max_ctx, out=scratch)
                     topk_indices(scratch, lens, TOPK, out=idx)
 
-                nbytes = batch * ctx_len * (HEAD_DIM + 4) + q.numel() + w.numel() * 4 + rows * TOPK * 4
+                nbytes = kv_bytes + q.numel() + w.numel() * 4 + rows * TOPK * 4
             else:
 
                 def fn():
                     paged_mqa_logits(q, kv, w, ctx, bt, max_ctx, out=scratch)
 
+                nbytes = kv_bytes + q.numel() + w.numel() * 4 + rows * max_ctx * 4
+
             def ref_fn():
-                # SGLang's own vectorised torch path for sm_120, bf16 bmm.
                 return _torch_sm120_like(q, kv, w, ctx, bt, max_ctx)
 
-            return {"fn": fn, "ref_fn": ref_fn, "bytes": nbytes}
+            return BenchSpec(
+                fn=_graphed(fn),
+                bytes=nbytes,
+                ref_fn=ref_fn,
+                extra={"kv_bytes": kv_bytes, "target": ">= 70% of copy bandwidth", "_target_fraction": 0.70},
+            )
 
-        return setup
+        return make
 
-    cases = []
-    for batch in (1, 8, 32, 64):
-        cases.append((f"indexer.logits b{batch} n1 ctx32768", logits_setup(batch, 1, 32768, False)))
-    cases.append(("indexer.logits b32 n2 ctx32768", logits_setup(32, 2, 32768, False)))
-    cases.append(("indexer.logits+topk b32 n1 ctx32768", logits_setup(32, 1, 32768, True)))
+    grp = "DeepSeek-V4-Flash indexer (ctx 32K)"
+    cases = [
+        BenchCase(f"dsv4.indexer logits b{b} next_n1 ctx32768", grp, b, setup(b, 1, 32768, False))
+        for b in (1, 8, 32, 64)
+    ]
+    cases.append(BenchCase("dsv4.indexer logits b32 next_n2 ctx32768", grp + " next_n 2", 32, setup(32, 2, 32768, False)))
+    cases.append(BenchCase("dsv4.indexer logits+topk512 b32 next_n1 ctx32768", grp + " +topk", 32, setup(32, 1, 32768, True)))
     return cases
 
 

@@ -15,6 +15,8 @@ from typing import Callable, Optional
 CASE_MODULES = [
     "sm120_kernels.fused_moe_w4a16",
     "sm120_kernels.routing",
+    "sm120_kernels.indexer",
+    "sm120_kernels.mhc",
 ]
 
 
