@@ -89,3 +89,161 @@ def test_replacements_take_the_same_arguments():
     from sm120_kernels import indexer
 
     assert list(inspect.signature(indexer.sglang_fp8_paged_mqa_logits).parameters) == LOGITS_ARGS
+
+
+# ---------------------------------------------------------------- plugin adapters
+
+
+def _kwonly(dotted):
+    fn = _find_def(dotted)
+    return [a.arg for a in fn.args.kwonlyargs]
+
+
+def test_plugin_targets_are_the_documented_ones():
+    from sm120_kernels import plugin
+
+    assert plugin.DSV4_HOOK_TARGETS == TARGETS
+    assert sorted(plugin.dsv4_hooks()) == sorted(TARGETS)
+
+
+@pytest.mark.parametrize("dotted", sorted(TARGETS))
+def test_adapter_signature_matches_target(dotted):
+    """Each AROUND hook takes (original, <the target's own parameters>), with
+    the same keyword-only parameters, so SGLang's wrapper can pass any call on."""
+    import inspect
+
+    from sm120_kernels import plugin
+
+    hook = plugin.dsv4_hooks()[dotted]
+    params = list(inspect.signature(hook).parameters.values())
+    assert params[0].name == "original"
+    assert [p.name for p in params[1:]] == TARGETS[dotted]
+    kwonly = [p.name for p in params[1:] if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert kwonly == _kwonly(dotted)
+
+
+def test_plugin_resolves_targets_in_installed_sglang():
+    """What plugin.register() checks on the GPU host: importing the pinned
+    SGLang modules, each target has the parameters the adapters take."""
+    from sm120_kernels import plugin
+
+    assert plugin.check_targets(plugin.DSV4_HOOK_TARGETS) == []
+
+
+def _dsv4_registered():
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    return [t for t in HookRegistry._hooks if t in TARGETS and HookRegistry._hooks[t]]
+
+
+def test_without_sm120_no_dsv4_hook_registers(caplog):
+    import logging
+
+    import torch
+
+    from sm120_kernels import plugin
+
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 12:
+        pytest.skip("this machine has an sm_120 device")
+    with caplog.at_level(logging.INFO, logger="sm120_kernels"):
+        assert plugin.register() == []
+    assert _dsv4_registered() == []
+    assert "not hooking into SGLang" in caplog.text
+
+
+def test_sm120_with_stamp_registers_dsv4_hooks(monkeypatch, tmp_path):
+    import torch
+    import triton
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sm120_kernels import __version__, plugin
+
+    name = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (12, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+    stamp = tmp_path / "selftest.json"
+    plugin.write_stamp(stamp, {"version": __version__, "device": name, "torch": "x",
+                               "triton": triton.__version__, "passed": 1, "failed": 0})
+    monkeypatch.setenv("SM120_KERNELS_STAMP", str(stamp))
+    saved = {k: list(v) for k, v in HookRegistry._hooks.items()}
+    try:
+        got = plugin.register()
+        assert set(TARGETS) <= set(got)
+        hooks = plugin.dsv4_hooks()
+        for target in TARGETS:
+            assert [(ht, h) for ht, h, _ in HookRegistry._hooks[target]] == [(HookType.AROUND, hooks[target])]
+    finally:
+        HookRegistry._hooks.clear()
+        HookRegistry._hooks.update(saved)
+
+
+class _Original:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return "original"
+
+
+def test_adapters_decline_what_they_do_not_cover():
+    """CPU tensors (or other shapes) go to SGLang's original, arguments unchanged."""
+    import types
+
+    import torch
+
+    from sm120_kernels import indexer, mhc
+
+    orig = _Original()
+    q = torch.zeros(2, 1, 64, 128, dtype=torch.float8_e4m3fn)
+    kv = torch.zeros(3, 64, 1, 132, dtype=torch.uint8)
+    w, sl, pt = torch.zeros(2, 64), torch.ones(2, dtype=torch.int32), torch.zeros(2, 1, dtype=torch.int32)
+    assert indexer.sglang_logits_hook(orig, q, kv, w, sl, pt, None, 64, clean_logits=False) == "original"
+    assert orig.calls[-1][0][:2] == (q, kv) and orig.calls[-1][0][6:] == (64, False)
+
+    layer = types.SimpleNamespace(hc_mult=4, rms_norm_eps=1e-6, hc_eps=1e-6, hc_sinkhorn_iters=20)
+    x = torch.zeros(2, 4, 64, dtype=torch.bfloat16)
+    fn = torch.zeros(24, 256)
+    s, b = torch.ones(3), torch.zeros(24)
+    assert mhc.sglang_hc_pre_hook(orig, layer, x, fn, s, b, norm=None) == "original"
+    cfg = types.SimpleNamespace(mult=4)
+    assert mhc.sglang_post_hook(orig, cfg, x[:, 0], x, torch.ones(2, 4), torch.ones(2, 4, 4)) == "original"
+    assert mhc.sglang_post_pre_boundary_hook(
+        orig, x[:, 0], x, torch.ones(2, 4), torch.ones(2, 4, 4), fn, s, b, 4, 1e-6, 1e-6, 2.0, 20, None, None,
+        fn_transpose=True) == "original"
+    assert orig.calls[-1][1] == {"fn_transpose": True}
+
+
+def test_mhc_adapters_compute_the_sglang_contract(interpret, monkeypatch):
+    """The hooks' outputs in SGLang's conventions (interpreter, small hidden):
+    hc_pre -> (y, post, comb, False); post; boundary with fn in either layout."""
+    import types
+
+    import torch
+
+    from sm120_kernels import mhc
+
+    monkeypatch.setattr(mhc, "_on_device", lambda t: True)
+    n, d = 3, 64
+    residual, x, fn, scale, base, post, comb = mhc.make_inputs(n, d, seed=5)
+    layer = types.SimpleNamespace(hc_mult=4, rms_norm_eps=1e-6, hc_eps=1e-6, hc_sinkhorn_iters=20)
+    orig = _Original()
+    y, p, c, fused = mhc.sglang_hc_pre_hook(orig, layer, residual, fn, scale, base, None, None)
+    ry, rp, rc = mhc.mhc_pre_ref(residual, fn, scale, base, 1e-6, 1e-6, 20, 2.0)
+    assert fused is False and not orig.calls
+    assert mhc.rel_err(y, ry) < 2.3e-3 and mhc.rel_err(p, rp) < 1e-4 and mhc.rel_err(c, rc) < 1e-4
+
+    out = mhc.sglang_post_hook(orig, types.SimpleNamespace(mult=4), x, residual, post, comb)
+    assert mhc.rel_err(out, mhc.mhc_post_ref(x, residual, post, comb)) < 2.3e-3
+
+    for fn_in, transpose in ((fn, False), (fn.t(), True)):
+        r2, y2, p2, c2, fused2 = mhc.sglang_post_pre_boundary_hook(
+            orig, x, residual, post[:, :, None], comb, fn_in, scale, base, 4, 1e-6, 1e-6, 2.0, 20, None, None,
+            fn_transpose=transpose)
+        rr = mhc.mhc_post_ref(x, residual, post, comb)
+        ry2, rp2, rc2 = mhc.mhc_pre_ref(rr.to(torch.bfloat16), fn, scale, base, 1e-6, 1e-6, 20, 2.0)
+        assert fused2 is False
+        assert mhc.rel_err(r2, rr) < 2.3e-3 and mhc.rel_err(y2, ry2) < 2.3e-3
+        assert mhc.rel_err(p2, rp2) < 1e-4 and mhc.rel_err(c2, rc2) < 1e-4
+    assert not orig.calls

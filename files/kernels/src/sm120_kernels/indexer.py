@@ -517,8 +517,49 @@ def supports(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         and q.shape[-1] == HEAD_DIM
         and q.shape[1] in (1, 2, 4)
         and q.shape[2] in (16, 32, 64, 128)
+        and kv_cache.dtype in (torch.uint8, FP8)
         and kv_cache.shape[0] * PAGE_BYTES == kv_cache.numel()
     )
+
+
+def sglang_logits_covers(q_fp8, kvcache_fp8, weight, seq_lens, page_table) -> bool:
+    """The SGLang call shapes ``sglang_fp8_paged_mqa_logits`` takes over:
+    one query per row (SGLang folds next_n into the rows), ``weight [rows, H]``,
+    ``seq_lens [rows]`` or ``[rows, 1]``, one page-table row per query row."""
+    if not (isinstance(q_fp8, torch.Tensor) and supports(q_fp8, kvcache_fp8)):
+        return False
+    rows, next_n, heads = q_fp8.shape[:3]
+    return (
+        next_n == 1
+        and rows > 0
+        and kvcache_fp8.is_cuda
+        and tuple(weight.shape) == (rows, heads)
+        and seq_lens.shape[0] == rows
+        and (seq_lens.dim() == 1 or tuple(seq_lens.shape) == (rows, 1))
+        and page_table.dim() == 2
+        and page_table.shape[0] == rows
+    )
+
+
+def sglang_logits_hook(
+    original,
+    q_fp8,
+    kvcache_fp8,
+    weight,
+    seq_lens,
+    page_table,
+    deep_gemm_metadata=None,
+    max_seq_len=0,
+    clean_logits=True,
+):
+    """AROUND hook (sm120_kernels.plugin) for SGLang's
+    ``tilelang_fp8_paged_mqa_logits`` and ``fp8_paged_mqa_logits_torch_sm120``:
+    our kernel for the shapes it covers, SGLang's ``original`` otherwise."""
+    if sglang_logits_covers(q_fp8, kvcache_fp8, weight, seq_lens, page_table):
+        return sglang_fp8_paged_mqa_logits(
+            q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep_gemm_metadata, max_seq_len, clean_logits
+        )
+    return original(q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep_gemm_metadata, max_seq_len, clean_logits)
 
 
 # --------------------------------------------------------------------------

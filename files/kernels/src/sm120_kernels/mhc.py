@@ -422,6 +422,128 @@ def mhc_post_pre(
 
 
 # --------------------------------------------------------------------------
+# SGLang adapters (AROUND hooks registered by sm120_kernels.plugin)
+# --------------------------------------------------------------------------
+
+
+def _on_device(t: torch.Tensor) -> bool:
+    return t.is_cuda
+
+
+def _covers(residual, hc_mult, fn=None) -> bool:
+    """[n > 0, hc_mult, D] bf16 on the GPU with contiguous rows; fn [24, hc*D]
+    (either orientation) when given."""
+    if not isinstance(residual, torch.Tensor) or residual.dim() != 3 or hc_mult != HC_MULT:
+        return False
+    n, hc, d = residual.shape
+    ok = (
+        n > 0
+        and hc == hc_mult
+        and residual.dtype == torch.bfloat16
+        and _on_device(residual)
+        and residual.stride(2) == 1
+        and residual.stride(1) == d
+    )
+    if ok and fn is not None:
+        mix = 2 * hc + hc * hc
+        ok = tuple(fn.shape) in ((mix, hc * d), (hc * d, mix))
+    return ok
+
+
+def _native_fn(fn: torch.Tensor, hc: int, d: int) -> torch.Tensor:
+    """fn as [24, hc * D] (SGLang passes it transposed to some kernels)."""
+    return fn if fn.shape[-1] == hc * d else fn.t()
+
+
+def _symmetric_alloc():
+    """SGLang allocates the pre's output in the symmetric-memory pool when the
+    all-reduce uses it (its own sm_120 path does so); the same context here."""
+    import contextlib
+
+    try:
+        from sglang.srt.models import deepseek_v4 as m
+
+        return m.use_symmetric_memory(m.get_parallel().tp_group, disabled=not m.is_allocation_symmetric())
+    except Exception:  # noqa: BLE001 - no TP group (tests) or a changed module
+        return contextlib.nullcontext()
+
+
+def _post_mult() -> float:
+    try:
+        from sglang.srt.models.deepseek_v4_mhc import MHC_POST_MULT_VALUE
+
+        return float(MHC_POST_MULT_VALUE)
+    except Exception:  # noqa: BLE001
+        return POST_MULT
+
+
+def sglang_hc_pre_hook(original, self, x, hc_fn, hc_scale, hc_base, norm=None, forward_batch=None):
+    """``DeepseekV4DecoderLayerBase.hc_pre``: ``(y, post, comb, norm_fused)``;
+    the norm is left to the caller (``norm_fused`` False)."""
+    hc = getattr(self, "hc_mult", None)
+    if not _covers(x, hc, hc_fn):
+        return original(self, x, hc_fn, hc_scale, hc_base, norm, forward_batch)
+    fn = _native_fn(hc_fn, x.shape[1], x.shape[2])
+    with _symmetric_alloc():
+        y, post, comb = mhc_pre(
+            x, fn, hc_scale, hc_base, self.rms_norm_eps, self.hc_eps, self.hc_sinkhorn_iters, _post_mult()
+        )
+    return y, post, comb, False
+
+
+def sglang_post_hook(original, cfg, x, residual, post_mix, comb):
+    """``deepseek_v4_mhc.post``: ``R'[i] = post[i] * x + sum_j comb[j][i] * R[j]``."""
+    if not (
+        _covers(residual, getattr(cfg, "mult", None))
+        and x.dtype == torch.bfloat16
+        and tuple(x.shape) == (residual.shape[0], residual.shape[2])
+        and post_mix.numel() == residual.shape[0] * residual.shape[1]
+        and comb.numel() == residual.shape[0] * residual.shape[1] ** 2
+    ):
+        return original(cfg, x, residual, post_mix, comb)
+    return mhc_post(x, residual, post_mix, comb)
+
+
+def sglang_post_pre_boundary_hook(
+    original,
+    layer_input,
+    residual,
+    post,
+    comb,
+    hc_fn,
+    hc_scale,
+    hc_base,
+    hc_mult,
+    rms_eps,
+    hc_eps,
+    hc_post_mult,
+    sinkhorn_iters,
+    norm_weight,
+    norm_eps,
+    *,
+    fn_transpose,
+):
+    """``apply_mhc_post_pre_boundary``: the post of this sublayer and the pre
+    of the next, ``(new_residual, y, post', comb', norm_fused=False)``."""
+    if not (
+        _covers(residual, hc_mult, hc_fn)
+        and layer_input.dtype == torch.bfloat16
+        and tuple(layer_input.shape) == (residual.shape[0], residual.shape[2])
+        and post.numel() == residual.shape[0] * hc_mult
+        and comb.numel() == residual.shape[0] * hc_mult * hc_mult
+    ):
+        return original(
+            layer_input, residual, post, comb, hc_fn, hc_scale, hc_base, hc_mult, rms_eps, hc_eps,
+            hc_post_mult, sinkhorn_iters, norm_weight, norm_eps, fn_transpose=fn_transpose,
+        )
+    fn = _native_fn(hc_fn, hc_mult, residual.shape[2])
+    new_res = mhc_post(layer_input, residual, post, comb)
+    with _symmetric_alloc():
+        y, p, c = mhc_pre(new_res, fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, hc_post_mult)
+    return new_res, y, p, c, False
+
+
+# --------------------------------------------------------------------------
 # fp32 torch references
 # --------------------------------------------------------------------------
 

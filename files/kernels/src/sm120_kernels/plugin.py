@@ -12,7 +12,8 @@ kernels in only when
 
 Otherwise it logs why and registers nothing. Every hook is AROUND: it runs our
 kernel for the cases it covers and calls SGLang's original otherwise. The
-targets are listed in HOOK_TARGETS with the parameters we rely on.
+targets are listed in HOOK_TARGETS (MoE, routing) and DSV4_HOOK_TARGETS
+(DeepSeek-V4 indexer logits and mHC) with the parameters we rely on.
 """
 
 from __future__ import annotations
@@ -49,6 +50,30 @@ HOOK_TARGETS = {
         "topk_group", "num_fused_shared_experts", "routed_scaling_factor",
         "apply_routed_scaling_factor_on_output"],
 }
+
+# DeepSeek-V4 indexer logits and mHC (sm120_kernels.indexer / .mhc adapters)
+_DSV4_LOGITS = ["q_fp8", "kvcache_fp8", "weight", "seq_lens", "page_table", "deep_gemm_metadata",
+                "max_seq_len", "clean_logits"]
+DSV4_HOOK_TARGETS = {
+    "sglang.kernels.ops.attention.dsa.tilelang_kernel.tilelang_fp8_paged_mqa_logits": _DSV4_LOGITS,
+    "sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120": _DSV4_LOGITS,
+    "sglang.srt.models.deepseek_v4.DeepseekV4DecoderLayerBase.hc_pre": [
+        "self", "x", "hc_fn", "hc_scale", "hc_base", "norm", "forward_batch"],
+    "sglang.srt.models.deepseek_v4_mhc.post": ["cfg", "x", "residual", "post_mix", "comb"],
+    "sglang.srt.models.deepseek_common.amd.deepseek_v4_fused_mhc.apply_mhc_post_pre_boundary": [
+        "layer_input", "residual", "post", "comb", "hc_fn", "hc_scale", "hc_base", "hc_mult", "rms_eps",
+        "hc_eps", "hc_post_mult", "sinkhorn_iters", "norm_weight", "norm_eps", "fn_transpose"],
+}
+
+
+def dsv4_hooks() -> dict:
+    """DSV4 target -> AROUND hook (imported lazily: they pull in the kernels)."""
+    from . import indexer, mhc
+
+    t = list(DSV4_HOOK_TARGETS)
+    return {t[0]: indexer.sglang_logits_hook, t[1]: indexer.sglang_logits_hook,
+            t[2]: mhc.sglang_hc_pre_hook, t[3]: mhc.sglang_post_hook, t[4]: mhc.sglang_post_pre_boundary_hook}
+
 
 _ATTR = "_sm120_w4a16"  # set on a FusedMoE layer whose experts we run
 
@@ -118,12 +143,14 @@ def why_not() -> str | None:
     return stamp_problem(torch.cuda.get_device_name())
 
 
-def check_targets() -> list[str]:
+def check_targets(targets: dict | None = None) -> list[str]:
     """Problems with the hook targets in the installed SGLang (empty if none)."""
     import pkgutil
 
     problems = []
-    for target, params in HOOK_TARGETS.items():
+    if targets is None:
+        targets = {**HOOK_TARGETS, **DSV4_HOOK_TARGETS}
+    for target, params in targets.items():
         try:
             obj = pkgutil.resolve_name(target)
         except Exception as exc:
@@ -141,7 +168,7 @@ def register():
     if reason:
         logger.info("sm120_kernels: not hooking into SGLang: %s", reason)
         return []
-    problems = check_targets()
+    problems = check_targets(HOOK_TARGETS)
     if problems:
         logger.warning("sm120_kernels: not hooking into SGLang, targets changed: %s", "; ".join(problems))
         return []
@@ -156,8 +183,19 @@ def register():
     }
     for target in HOOK_TARGETS:
         HookRegistry.register(target, hooks[target.rsplit(".", 1)[1]], HookType.AROUND)
-    logger.info("sm120_kernels: hooked %d SGLang functions", len(HOOK_TARGETS))
-    return list(HOOK_TARGETS)
+    registered = list(HOOK_TARGETS)
+    # DeepSeek-V4 indexer / mHC: a group of its own, so a drifted DSV4 target
+    # leaves the MoE hooks in place
+    problems = check_targets(DSV4_HOOK_TARGETS)
+    if problems:
+        logger.warning("sm120_kernels: DeepSeek-V4 indexer/mHC stay on SGLang's kernels, targets changed: %s",
+                       "; ".join(problems))
+    else:
+        for target, hook in dsv4_hooks().items():
+            HookRegistry.register(target, hook, HookType.AROUND)
+        registered += list(DSV4_HOOK_TARGETS)
+    logger.info("sm120_kernels: hooked %d SGLang functions", len(registered))
+    return registered
 
 
 # --------------------------------------------------------------------------
