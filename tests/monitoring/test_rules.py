@@ -1,0 +1,73 @@
+"""The Prometheus role's rules, rendered with its defaults: valid for promtool, every alert
+has a summary and a runbook line, and each alert's promtool unit tests pass (it fires on a
+failing series and stays quiet on healthy ones)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+import promlib
+
+HERE = Path(__file__).resolve().parent
+
+
+def rendered(tmp_path: Path) -> list[Path]:
+    return promlib.render_rules(tmp_path / "rules")
+
+
+def test_rules_pass_promtool_check(tmp_path):
+    paths = rendered(tmp_path)
+    result = subprocess.run([promlib.tool("promtool"), "check", "rules", *map(str, paths)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_summary_runbook_and_severity(tmp_path):
+    alerts = [r for r in promlib.rules(rendered(tmp_path)) if "alert" in r]
+    assert len(alerts) >= 11
+    for rule in alerts:
+        annotations = rule.get("annotations", {})
+        assert annotations.get("summary"), f"{rule['alert']}: no summary"
+        assert annotations.get("runbook"), f"{rule['alert']}: no runbook line"
+        assert rule.get("labels", {}).get("severity") in ("warning", "critical"), rule["alert"]
+
+
+def test_every_alert_has_a_firing_and_a_quiet_case(tmp_path):
+    alerts = {r["alert"] for r in promlib.rules(rendered(tmp_path)) if "alert" in r}
+    cases = yaml.safe_load((HERE / "rules_test.yml").read_text())["tests"]
+    fires, quiet = set(), set()
+    for case in cases:
+        for check in case.get("alert_rule_test", []):
+            (fires if check.get("exp_alerts") else quiet).add(check["alertname"])
+    assert alerts - fires == set(), f"alerts never shown to fire: {sorted(alerts - fires)}"
+    assert alerts - quiet == set(), f"alerts never shown to stay quiet: {sorted(alerts - quiet)}"
+
+
+def test_alert_rules_fire_and_stay_quiet(tmp_path):
+    """promtool test rules. The tests check labels, so annotations are left out of the
+    copy they run against (their templates are checked by promtool check rules)."""
+    paths = rendered(tmp_path)
+    for path in paths:
+        doc = yaml.safe_load(path.read_text())
+        for group in doc["groups"]:
+            for rule in group["rules"]:
+                rule.pop("annotations", None)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    shutil.copy(HERE / "rules_test.yml", paths[0].parent / "rules_test.yml")
+    result = subprocess.run([promlib.tool("promtool"), "test", "rules", "rules_test.yml"],
+                            cwd=paths[0].parent, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_thresholds_come_from_variables(tmp_path):
+    paths = promlib.render_rules(tmp_path / "custom", {
+        "prometheus_alert_ttft_p99_seconds": 7.5, "prometheus_alert_gpu_temperature_celsius": 80,
+        "prometheus_alert_queue_backlog_requests": 64, "prometheus_alert_model_disk_free_ratio": 0.2,
+        "prometheus_model_root": "/data/models"})
+    text = "\n".join(p.read_text() for p in paths)
+    for needle in ("> 7.5", "> 80", "> 64", "< 0.2", 'mountpoint=~"/|/data|/data/models"'):
+        assert needle in text, needle
