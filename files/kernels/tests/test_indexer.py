@@ -42,9 +42,10 @@ def _run(batch, next_n, ctxs, *, device="cpu", seed=0, ctx_2d=False, extra=0, co
         (2, 2, [1, 65], 3),  # a query that sees nothing (whole row -inf)
     ],
 )
-@pytest.mark.parametrize("prefetch", [True, False])
-def test_logits_match_reference(batch, next_n, ctxs, extra, prefetch):
-    out, ref, _ = _run(batch, next_n, ctxs, seed=batch * 10 + next_n, extra=extra, config={"prefetch": prefetch, "max_pages_per_prog": 2})
+@pytest.mark.parametrize("prefetch,ppi,ppp", [(True, 1, 2), (False, 1, 2), (False, 2, 3), (False, 4, 4)])
+def test_logits_match_reference(batch, next_n, ctxs, extra, prefetch, ppi, ppp):
+    cfg = {"prefetch": prefetch, "max_pages_per_prog": ppp, "pages_per_iter": ppi}
+    out, ref, _ = _run(batch, next_n, ctxs, seed=batch * 10 + next_n, extra=extra, config=cfg)
     res = I.compare_logits(out, ref)
     assert not torch.isnan(out).any(), "unwritten output"
     assert res["same_mask"], "-inf masks differ"
@@ -96,14 +97,17 @@ def test_topk_matches_reference():
 
 
 @on_cpu
-def test_topk_exact_on_distinct_values_and_ties():
+@pytest.mark.parametrize("config", [None, {"block": 256, "num_warps": 4, "splits": 8}])
+def test_topk_exact_on_distinct_values_and_ties(config):
+    """Also with the row split over 8 programs (ties across chunk borders)."""
     torch.manual_seed(0)
-    rows, cols, k = 3, 3000, 512
+    rows, cols, k = 4, 3000, 512
     x = torch.randn(rows, cols)
     x[1] = torch.round(x[1] * 4) / 4  # heavy ties: lowest positions win at the threshold
     x[2, 2500:] = float("-inf")
-    lens = torch.tensor([cols, cols, 2700], dtype=torch.int32)
-    idx = I.topk_indices(x, lens, k)
+    x[3] = torch.round(x[3])  # a few values only: the threshold bin spans every chunk
+    lens = torch.tensor([cols, cols, 2700, cols], dtype=torch.int32)
+    idx = I.topk_indices(x, lens, k, config=config)
     for r in range(rows):
         n = int(lens[r])
         row = x[r, :n]
@@ -192,7 +196,9 @@ LOGITS_SIG = {
     "stride_bt": "i32",
     "stride_out": "i32",
 }
-TOPK_SIG = {"logits_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "n_cols": "i32", "stride_l": "i32", "stride_o": "i32"}
+TOPK_SIG = {"logits_ptr": "*fp32", "len_ptr": "*i32", "hist_ptr": "*i32", "cnt_ptr": "*i32", "out_ptr": "*i32",
+            "n_cols": "i32", "chunk": "i32", "stride_l": "i32", "stride_o": "i32"}
+TOPK_PASSES = ((21, 2048), (10, 2048), (0, 1024), (0, 2048), (0, 2048))
 
 
 def _shipped_indexer_configs():
@@ -228,19 +234,26 @@ def test_shipped_configs_compile_for_sm120(fname, key, cfg, next_n, ctx_2d):
         r = compile_sm120(
             I._mqa_logits_kernel,
             LOGITS_SIG,
-            {"NEXT_N": next_n, "H": 64, "D": 128, "PAGE": 64, "CTX_2D": ctx_2d, "PREFETCH": bool(cfg["prefetch"])},
+            {"NEXT_N": next_n, "H": 64, "D": 128, "PAGE": 64, "CTX_2D": ctx_2d, "PREFETCH": bool(cfg["prefetch"]),
+             "PPI": int(cfg.get("pages_per_iter", 1))},
             cfg["num_warps"],
             cfg["num_stages"],
         )
         # int64 addressing of pages and output rows
         assert "i32 to i64" in r["ttir"]
     else:
-        r = compile_sm120(
-            I._topk_kernel,
-            TOPK_SIG,
-            {"K": 512, "BLOCK": cfg["block"], "HIST_MASK": I._HIST_HAS_MASK},
-            cfg["num_warps"],
-        )
+        for p, (shift, nb) in enumerate(TOPK_PASSES):
+            r = compile_sm120(
+                I._topk_pass_kernel,
+                TOPK_SIG,
+                {"K": 512, "PASS": p, "SHIFT": shift, "NB": nb, "SP": 64, "BLOCK": cfg["block"],
+                 "HIST_MASK": I._HIST_HAS_MASK},
+                cfg["num_warps"],
+            )
+            assert r["shared"] <= SM120_SHARED_LIMIT, (p, r["shared"])
+            assert r["spills"] == 0, (p, r["report"])
+            assert r["stack"] == 0, (p, r["report"])
+        return
     assert r["shared"] <= SM120_SHARED_LIMIT, r["shared"]
     assert r["spills"] == 0, r["report"]
     assert r["stack"] == 0, r["report"]

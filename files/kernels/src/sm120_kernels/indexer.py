@@ -58,7 +58,7 @@ except (TypeError, ValueError):  # pragma: no cover
 # Defaults when no per-device config file has an entry (see configs.py / JSON).
 DEFAULT_LOGITS_CONFIG = {"max_pages_per_prog": 8, "num_warps": 4, "num_stages": 3, "prefetch": True}
 DEFAULT_LOGITS_N2_CONFIG = {"max_pages_per_prog": 8, "num_warps": 8, "num_stages": 3, "prefetch": True}
-DEFAULT_TOPK_CONFIG = {"block": 2048, "num_warps": 8}
+DEFAULT_TOPK_CONFIG = {"block": 2048, "num_warps": 8, "waves": 4}
 
 
 # --------------------------------------------------------------------------
@@ -91,6 +91,7 @@ def _mqa_logits_kernel(
     PAGE: tl.constexpr,
     CTX_2D: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PPI: tl.constexpr = 1,
 ):
     b = tl.program_id(0).to(tl.int64)
     sp = tl.program_id(1)
@@ -128,7 +129,27 @@ def _mqa_logits_kernel(
 
     # Pages that hold visible keys.
     p_stop = tl.minimum(p_end, n_valid_pages)
-    if PREFETCH:
+    if PPI > 1:
+        # PPI pages (PPI * 64 keys) per iteration: a wider dot and more bytes
+        # in flight per step; Triton pipelines the loop (num_stages).
+        BN: tl.constexpr = PPI * PAGE
+        offs_j = tl.arange(0, BN)
+        jp = offs_j // PAGE
+        jt = offs_j % PAGE
+        for g in range(p_begin, p_stop, PPI):
+            pidx = g + jp
+            okp = pidx < p_stop
+            page = tl.load(bt_row + pidx, mask=okp, other=0).to(tl.int64)
+            k = tl.load(kv8_ptr + page[:, None] * PAGE_U8 + jt[:, None] * D + offs_d[None, :], mask=okp[:, None], other=0.0)
+            sc = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + jt, mask=okp, other=0.0)
+            s = tl.dot(q, tl.trans(k))  # [M, BN] fp32
+            s = tl.maximum(s, 0.0) * w[:, None]
+            s3 = tl.reshape(s, (NEXT_N, H, BN))
+            logit = tl.sum(s3, axis=1) * sc[None, :]  # [NEXT_N, BN]
+            pos = g * PAGE + offs_j
+            logit = tl.where(pos[None, :] < lens[:, None], logit, float("-inf"))
+            tl.store(out_rows + pos[None, :], logit, mask=okp[None, :] & (pos[None, :] < max_len))
+    elif PREFETCH:
         # Register double buffering: the next page's keys are in flight while
         # this page's dot runs (the loop is not pipelined through shared
         # memory on sm_120, where the fp8 operand goes straight to registers).
@@ -282,8 +303,10 @@ def paged_mqa_logits(
     n_out_pages = triton.cdiv(max_context_len, PAGE_SIZE)
     # Enough programs to fill the device about four times over; at most
     # max_pages_per_prog pages each.
-    target = 4 * _num_sms(q.device)
-    ppp = max(1, min(int(cfg["max_pages_per_prog"]), (batch * n_out_pages) // target))
+    ppi = int(cfg.get("pages_per_iter", 1))
+    target = int(cfg.get("waves", 4)) * _num_sms(q.device)
+    ppp = max(ppi, min(int(cfg["max_pages_per_prog"]), (batch * n_out_pages) // target))
+    ppp = triton.cdiv(ppp, ppi) * ppi
     grid = (batch, triton.cdiv(n_out_pages, ppp))
     _mqa_logits_kernel[grid](
         q,
@@ -309,6 +332,7 @@ def paged_mqa_logits(
         PAGE=PAGE_SIZE,
         CTX_2D=ctx_2d,
         PREFETCH=bool(cfg["prefetch"]),
+        PPI=ppi,
         num_warps=int(cfg["num_warps"]),
         num_stages=int(cfg["num_stages"]),
     )
@@ -337,92 +361,143 @@ def _ordered_key(x):
 
 
 @triton.jit
-def _radix_pass(
-    base,
-    length,
-    prefix,
-    prefix_mask,
-    krem,
-    SHIFT: tl.constexpr,
-    NB: tl.constexpr,
-    BLOCK: tl.constexpr,
-    HIST_MASK: tl.constexpr,
-):
-    offs0 = tl.arange(0, BLOCK)
+def _apply_hist(hrow, prefix, pmask, krem, SHIFT: tl.constexpr, NB: tl.constexpr):
+    """Pick the bin holding the krem-th largest key from a finished histogram."""
     bins = tl.arange(0, NB)
-    hist = tl.zeros((NB,), tl.int32)
-    for start in range(0, length, BLOCK):
-        offs = start + offs0
-        inb = offs < length
-        x = tl.load(base + offs, mask=inb, other=float("-inf"))
-        key = _ordered_key(x)
-        valid = inb & (x != float("-inf")) & ((key & prefix_mask) == prefix)
-        digit = ((key >> SHIFT) & (NB - 1)).to(tl.int32)
-        if HIST_MASK:
-            hist += tl.histogram(digit, NB, mask=valid)
-        else:
-            # Invalid elements land in the upper half, which is dropped.
-            h2 = tl.histogram(tl.where(valid, digit, NB + digit), 2 * NB)
-            h2 = tl.reshape(h2, (2, NB))
-            hist += tl.sum(tl.where(tl.arange(0, 2)[:, None] == 0, h2, 0), axis=0)
+    hist = tl.load(hrow + bins)
     total = tl.sum(hist, axis=0)
     ge = total - tl.cumsum(hist, axis=0) + hist  # elements with digit >= bin
     bstar = tl.sum((ge >= krem).to(tl.int32), axis=0) - 1
     greater = tl.sum(tl.where(bins > bstar, hist, 0), axis=0)
     bsel = tl.maximum(bstar, 0).to(tl.uint32)
     new_prefix = prefix | (bsel << SHIFT)
-    new_mask = prefix_mask | tl.full((), (NB - 1) << SHIFT, tl.uint32)
+    new_mask = pmask | tl.full((), (NB - 1) << SHIFT, tl.uint32)
     return new_prefix, new_mask, krem - greater, total
 
 
 @triton.jit
-def _topk_kernel(
+def _topk_pass_kernel(
     logits_ptr,
     len_ptr,
+    hist_ptr,  # [rows, 3 * 2048] int32, zeroed
+    cnt_ptr,  # [rows, SP, 4] int32: greater, equal, valid per chunk
     out_ptr,
     n_cols,
+    chunk,
     stride_l,
     stride_o,
     K: tl.constexpr,
+    PASS: tl.constexpr,
+    SHIFT: tl.constexpr,
+    NB: tl.constexpr,
+    SP: tl.constexpr,
     BLOCK: tl.constexpr,
     HIST_MASK: tl.constexpr,
 ):
+    """One step of a radix select spread over SP programs per row.
+    PASS 0-2: histogram of the next 11/11/10 key bits among the keys that
+    match the prefix so far (atomics into hist); PASS 3: per-chunk counts
+    against the threshold; PASS 4: write the selected positions in order."""
     row = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
     length = tl.minimum(tl.load(len_ptr + row), n_cols)
     base = logits_ptr + row * stride_l
-    obase = out_ptr + row * stride_o
-
+    hrow = hist_ptr + row * (3 * 2048)
     prefix = tl.zeros((), tl.uint32)
     pmask = tl.zeros((), tl.uint32)
     krem = tl.full((), K, tl.int32)
-    prefix, pmask, krem, total = _radix_pass(base, length, prefix, pmask, krem, 21, 2048, BLOCK, HIST_MASK)
+    total = tl.zeros((), tl.int32)
+    if PASS >= 1:
+        prefix, pmask, krem, total = _apply_hist(hrow, prefix, pmask, krem, 21, 2048)
+    if PASS >= 2:
+        prefix, pmask, krem, _t2 = _apply_hist(hrow + 2048, prefix, pmask, krem, 10, 2048)
+    if PASS >= 3:
+        prefix, pmask, krem, _t3 = _apply_hist(hrow + 4096, prefix, pmask, krem, 0, 1024)
     take_all = total <= K
-    prefix, pmask, krem, _t2 = _radix_pass(base, length, prefix, pmask, krem, 10, 2048, BLOCK, HIST_MASK)
-    prefix, pmask, krem, _t3 = _radix_pass(base, length, prefix, pmask, krem, 0, 1024, BLOCK, HIST_MASK)
-    thresh = prefix
-
+    start = sp * chunk
+    stop = tl.minimum(start + chunk, length)
     offs0 = tl.arange(0, BLOCK)
-    n_sel = tl.zeros((), tl.int32)
-    n_eq = tl.zeros((), tl.int32)
-    for start in range(0, length, BLOCK):
-        offs = start + offs0
-        inb = offs < length
-        x = tl.load(base + offs, mask=inb, other=float("-inf"))
-        key = _ordered_key(x)
-        valid = inb & (x != float("-inf"))
-        gt = valid & (key > thresh)
-        eq = valid & (key == thresh)
-        eq_i = eq.to(tl.int32)
-        eq_rank = n_eq + tl.cumsum(eq_i, axis=0) - 1
-        sel = tl.where(take_all, valid, gt | (eq & (eq_rank < krem)))
-        sel_i = sel.to(tl.int32)
-        pos = n_sel + tl.cumsum(sel_i, axis=0) - 1
-        tl.store(obase + pos, offs.to(tl.int32), mask=sel)
-        n_sel += tl.sum(sel_i, axis=0)
-        n_eq += tl.sum(eq_i, axis=0)
-    for start in range(n_sel, K, BLOCK):
-        offs = start + offs0
-        tl.store(obase + offs, tl.full((BLOCK,), -1, tl.int32), mask=offs < K)
+    if PASS < 3:
+        if PASS > 0:
+            stop = tl.where(take_all, start, stop)  # the row is taken whole
+        hist = tl.zeros((NB,), tl.int32)
+        for st in range(start, stop, BLOCK):
+            offs = st + offs0
+            inb = offs < stop
+            x = tl.load(base + offs, mask=inb, other=float("-inf"))
+            key = _ordered_key(x)
+            valid = inb & (x != float("-inf")) & ((key & pmask) == prefix)
+            digit = ((key >> SHIFT) & (NB - 1)).to(tl.int32)
+            if HIST_MASK:
+                hist += tl.histogram(digit, NB, mask=valid)
+            else:
+                # Invalid elements land in the upper half, which is dropped.
+                h2 = tl.histogram(tl.where(valid, digit, NB + digit), 2 * NB)
+                h2 = tl.reshape(h2, (2, NB))
+                hist += tl.sum(tl.where(tl.arange(0, 2)[:, None] == 0, h2, 0), axis=0)
+        bins = tl.arange(0, NB)
+        tl.atomic_add(hrow + PASS * 2048 + bins, hist, mask=hist > 0, sem="relaxed")
+    elif PASS == 3:
+        n_gt = tl.zeros((), tl.int32)
+        n_eq = tl.zeros((), tl.int32)
+        n_va = tl.zeros((), tl.int32)
+        for st in range(start, stop, BLOCK):
+            offs = st + offs0
+            inb = offs < stop
+            x = tl.load(base + offs, mask=inb, other=float("-inf"))
+            key = _ordered_key(x)
+            valid = inb & (x != float("-inf"))
+            n_gt += tl.sum((valid & (key > prefix)).to(tl.int32), axis=0)
+            n_eq += tl.sum((valid & (key == prefix)).to(tl.int32), axis=0)
+            n_va += tl.sum(valid.to(tl.int32), axis=0)
+        cbase = cnt_ptr + (row * SP + sp) * 4
+        tl.store(cbase + 0, n_gt)
+        tl.store(cbase + 1, n_eq)
+        tl.store(cbase + 2, n_va)
+    else:
+        obase = out_ptr + row * stride_o
+        cs = tl.arange(0, SP)
+        before = cs < sp
+        cb = cnt_ptr + (row * SP + cs) * 4
+        gt_c = tl.load(cb + 0, mask=before, other=0)
+        eq_c = tl.load(cb + 1, mask=before, other=0)
+        va_c = tl.load(cb + 2, mask=before, other=0)
+        eq_before = tl.cumsum(eq_c, axis=0) - eq_c
+        sel_c = gt_c + tl.minimum(tl.maximum(krem - eq_before, 0), eq_c)
+        sel_c = tl.where(take_all, va_c, sel_c)
+        n_sel = tl.sum(sel_c, axis=0)
+        n_eq = tl.sum(eq_c, axis=0)
+        thresh = prefix
+        for st in range(start, stop, BLOCK):
+            offs = st + offs0
+            inb = offs < stop
+            x = tl.load(base + offs, mask=inb, other=float("-inf"))
+            key = _ordered_key(x)
+            valid = inb & (x != float("-inf"))
+            gt = valid & (key > thresh)
+            eq = valid & (key == thresh)
+            eq_i = eq.to(tl.int32)
+            eq_rank = n_eq + tl.cumsum(eq_i, axis=0) - 1
+            sel = tl.where(take_all, valid, gt | (eq & (eq_rank < krem)))
+            sel_i = sel.to(tl.int32)
+            pos = n_sel + tl.cumsum(sel_i, axis=0) - 1
+            tl.store(obase + pos, offs.to(tl.int32), mask=sel)
+            n_sel += tl.sum(sel_i, axis=0)
+            n_eq += tl.sum(eq_i, axis=0)
+        if sp == 0:
+            for st in range(tl.minimum(total, K), K, BLOCK):
+                offs = st + offs0
+                tl.store(obase + offs, tl.full((BLOCK,), -1, tl.int32), mask=offs < K)
+
+
+def topk_splits(rows: int, n_cols: int, block: int, waves: int, device) -> int:
+    """Programs per row (a power of two): enough to fill the device ``waves``
+    times, at most one per ``block`` columns."""
+    want = max(1, (waves * _num_sms(device)) // max(rows, 1))
+    sp = 1
+    while sp * 2 <= min(want, 64, max(1, triton.cdiv(n_cols, block))):
+        sp *= 2
+    return sp
 
 
 def topk_indices(
@@ -435,7 +510,11 @@ def topk_indices(
 ) -> torch.Tensor:
     """Positions of the ``topk`` largest finite logits among the first
     ``lengths[r]`` columns of each row, ascending; ``-1`` padding.
-    Ties at the threshold go to the lowest positions."""
+    Ties at the threshold go to the lowest positions.
+
+    Radix select over order-preserving 32-bit keys (11 + 11 + 10 bits), each
+    row split over several programs: three histogram launches (atomics into a
+    per-row histogram), one count launch, one write launch."""
     rows, n_cols = logits.shape
     if logits.dtype != torch.float32 or logits.stride(-1) != 1:
         raise ValueError("logits must be fp32 with unit column stride")
@@ -450,18 +529,30 @@ def topk_indices(
         return out
     cfg = _resolve_config("topk", DEFAULT_TOPK_CONFIG, config, logits.device)
     block = int(cfg["block"])
-    _topk_kernel[(rows,)](
-        logits,
-        lengths,
-        out,
-        n_cols,
-        logits.stride(0),
-        out.stride(0),
-        K=topk,
-        BLOCK=block,
-        HIST_MASK=_HIST_HAS_MASK,
-        num_warps=int(cfg["num_warps"]),
-    )
+    sp = int(cfg["splits"]) if "splits" in cfg else topk_splits(rows, n_cols, block, int(cfg.get("waves", 4)), logits.device)
+    chunk = triton.cdiv(triton.cdiv(max(n_cols, 1), sp), block) * block
+    hist = torch.zeros(rows, 3 * 2048, dtype=torch.int32, device=logits.device)
+    cnt = torch.empty(rows, sp, 4, dtype=torch.int32, device=logits.device)
+    for p, (shift, nb) in enumerate(((21, 2048), (10, 2048), (0, 1024), (0, 2048), (0, 2048))):
+        _topk_pass_kernel[(rows, sp)](
+            logits,
+            lengths,
+            hist,
+            cnt,
+            out,
+            n_cols,
+            chunk,
+            logits.stride(0),
+            out.stride(0),
+            K=topk,
+            PASS=p,
+            SHIFT=shift,
+            NB=nb,
+            SP=sp,
+            BLOCK=block,
+            HIST_MASK=_HIST_HAS_MASK,
+            num_warps=int(cfg["num_warps"]),
+        )
     return out
 
 
