@@ -66,6 +66,8 @@ rootfs: apt venv
 lab: setup
 	$(call step,lab hosts from inventory/lab)
 	@$(LABCTL) up-inventory inventory/lab/hosts.yml >/dev/null
+	$(call step,lab wiring: the engine stand-in replaces the GPU engine process (test double))
+	@$(ACTIVATE) && ansible-playbook -i inventory/lab molecule/lab/standin.yml
 	$(call step,ansible-playbook site.yml on the lab)
 	@$(ACTIVATE) && ansible-playbook -i inventory/lab site.yml
 

@@ -201,9 +201,11 @@ def up(name: str, release: str, address: str, binds: list[str]) -> dict:
     (apt_cache / "partial").mkdir(parents=True, exist_ok=True)
     cmd.append(f"--bind={apt_cache}:/var/cache/apt/archives")
     for bind in binds:
-        host_path = bind.split(":", 1)[0]
+        host_path, _, container_path = bind.partition(":")
+        # A relative host path is relative to the repository (inventories name .cache/...).
+        host_path = str(REPO / host_path) if not os.path.isabs(host_path) else host_path
         Path(host_path).mkdir(parents=True, exist_ok=True)
-        cmd.append(f"--bind={bind}")
+        cmd.append(f"--bind={host_path}:{container_path}")
     log(f"{name}: booting at {address}")
     with open(hdir / "console.log", "wb") as console:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console, stderr=console,

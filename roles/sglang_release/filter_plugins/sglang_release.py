@@ -1,0 +1,158 @@
+"""Rendering and cross-engine checks of SGLang engine arguments for sglang_release.
+
+engine_args() turns one entry of sglang_engines plus the model recipe into the mapping
+written to engines/<name>.yaml (SGLang's `--config`; keys spelled with dashes, as on the
+command line). cross_engine_errors() checks what SGLang's own parser cannot see, because
+it parses one engine at a time: speculative-decoding arguments identical on every prefill
+and decode engine, and bootstrap ports that clash with another listener on an address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+PD_MODES = ("prefill", "decode")
+SPECULATIVE_PREFIX = "speculative-"
+
+
+def _norm(key) -> str:
+    return str(key).replace("_", "-")
+
+
+def _merge(target: dict, extra) -> dict:
+    for key, value in (extra or {}).items():
+        target[_norm(key)] = value
+    return target
+
+
+def engine_args(engine, recipe, model_dir, listen_address, transfer_backend="mooncake",
+                ib_device="", host_args=None):
+    """The SGLang arguments of one engine, in a stable order."""
+    mode = engine["mode"]
+    gpus = list(engine["gpus"])
+    dp = int(engine.get("dp", 1))
+    tp = int(engine.get("tp", len(gpus) // max(dp, 1)))
+    args = {
+        "model-path": str(model_dir),
+        "served-model-name": recipe.get("served_model_name") or engine["name"],
+        "host": str(engine.get("host", listen_address)),
+        "port": int(engine["port"]),
+        "tp-size": tp,
+    }
+    if dp > 1:
+        args["dp-size"] = dp
+    quantization = str(recipe.get("quantization") or "none")
+    if quantization.lower() not in ("none", ""):
+        args["quantization"] = quantization
+    if mode in PD_MODES:
+        args["disaggregation-mode"] = mode
+        args["disaggregation-transfer-backend"] = transfer_backend
+        if ib_device:
+            args["disaggregation-ib-device"] = ib_device
+    if mode == "prefill" and "bootstrap_port" in engine:
+        args["disaggregation-bootstrap-port"] = int(engine["bootstrap_port"])
+    args["enable-metrics"] = True
+    args["extra-metric-labels"] = {"role": mode, "instance": engine["name"]}
+    _merge(args, recipe.get("args"))
+    _merge(args, (recipe.get("mode_args") or {}).get(mode))
+    _merge(args, host_args)
+    _merge(args, engine.get("args"))
+    return args
+
+
+def engine_env(engine, recipe, host_env=None, runtime_dir="/run/sglang-engine"):
+    """The environment file of one engine (values as strings)."""
+    env = {
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in engine["gpus"]),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "PROMETHEUS_MULTIPROC_DIR": f"{runtime_dir}/{engine['name']}",
+        "SGLANG_ENGINE_NAME": str(engine["name"]),
+        "SGLANG_ENGINE_MODE": str(engine["mode"]),
+        "HF_HUB_OFFLINE": "1",
+    }
+    for source in (recipe.get("env"), host_env, engine.get("env")):
+        for key, value in (source or {}).items():
+            env[str(key)] = str(value)
+    return env
+
+
+def env_file(env) -> str:
+    lines = ["# Rendered by sglang_release; the engine unit reads it (EnvironmentFile)."]
+    for key, value in env.items():
+        escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'{key}="{escaped}"')
+    return "\n".join(lines) + "\n"
+
+
+def cross_engine_errors(layout, router_ports=None):
+    """layout: {host: {"address": listen address, "engines": {name: {"mode":..., "args": {...}}},
+    "router": bool}}. Returns error strings naming the host, the engine and the argument."""
+    errors = []
+    pd = []
+    for host in sorted(layout):
+        for name, engine in sorted((layout[host].get("engines") or {}).items()):
+            if engine["mode"] in PD_MODES:
+                pd.append((host, name, engine))
+    # Speculative decoding: every prefill and decode engine must agree.
+    if pd:
+        ref_host, ref_name, ref = pd[0]
+        ref_spec = {k: v for k, v in ref["args"].items() if k.startswith(SPECULATIVE_PREFIX)}
+        for host, name, engine in pd[1:]:
+            spec = {k: v for k, v in engine["args"].items() if k.startswith(SPECULATIVE_PREFIX)}
+            for key in sorted(set(spec) | set(ref_spec)):
+                if spec.get(key) != ref_spec.get(key):
+                    errors.append(
+                        f"{host}: engine {name} ({engine['mode']}): argument --{key} is "
+                        f"{_show(spec.get(key))} but {_show(ref_spec.get(key))} on engine {ref_name} "
+                        f"({ref['mode']}, {ref_host}). Speculative-decoding arguments must be identical "
+                        "on prefill and decode. Fix: set them once in the recipe's args, not per engine "
+                        "or per mode.")
+    # Ports: a bootstrap port must not clash with another listener on the same address.
+    for host in sorted(layout):
+        owners = {}
+        address = str(layout[host].get("address"))
+        if layout[host].get("router"):
+            for port in router_ports or []:
+                owners[(address, int(port))] = "the router"
+        listeners = []
+        for name, engine in sorted((layout[host].get("engines") or {}).items()):
+            args = engine["args"]
+            eaddr = str(args.get("host", address))
+            listeners.append((eaddr, int(args["port"]), name, "port"))
+            if engine["mode"] == "prefill":
+                bport = args.get("disaggregation-bootstrap-port", 8998)
+                listeners.append((eaddr, int(bport), name, "disaggregation-bootstrap-port"))
+        # Plain ports first, so a clash is reported on the bootstrap port.
+        listeners.sort(key=lambda item: item[3] != "port")
+        for eaddr, port, name, key in listeners:
+            for addr_key in {(eaddr, port), ("0.0.0.0", port)} if eaddr != "0.0.0.0" else {(eaddr, port)}:
+                owner = owners.get(addr_key)
+                if owner:
+                    errors.append(
+                        f"{host}: engine {name}: argument --{key} {port} clashes with {owner} on "
+                        f"{eaddr}. Fix: give every prefill engine on a host its own bootstrap port, "
+                        "different from every engine and router port.")
+                    break
+            else:
+                owners[(eaddr, port)] = f"--{key} of engine {name}"
+    return errors
+
+
+def _show(value) -> str:
+    return "unset" if value is None else json.dumps(value)
+
+
+def content_id(parts, length=12) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:length]
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "sglang_release_engine_args": engine_args,
+            "sglang_release_engine_env": engine_env,
+            "sglang_release_env_file": env_file,
+            "sglang_release_cross_engine_errors": cross_engine_errors,
+            "sglang_release_content_id": content_id,
+        }
