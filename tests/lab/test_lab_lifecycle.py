@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -75,7 +76,11 @@ def test_destroy_after_failed_converge_leaves_nothing():
                          env=env, capture_output=True, text=True, timeout=600)
     output = run.stdout + run.stderr
     assert run.returncode != 0, "the converge was meant to fail"
-    assert "converge fails on purpose" in output
+    # It failed where it was meant to, after the service and the mount were in place.
+    assert "TASK [Fail the converge]" in output
+    for host in ("lifecycle-debian12", "lifecycle-debian13"):
+        # Two changes (the service and the mount), then the deliberate failure.
+        assert re.search(rf"{host}\s+: ok=2\s+changed=2\s+unreachable=0\s+failed=1", output), output[-3000:]
     # Molecule ran destroy after the failure, and destroy's own check passed.
     assert "Check that nothing of the lab remains" in output
     leftovers = labctl("check-clean", lab_id="pytest-failing-converge", check=False)
