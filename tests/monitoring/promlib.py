@@ -29,11 +29,17 @@ VARIABLE_VALUES = {"host": ".*", "role": ".*", "instance": ".*", "__rate_interva
 
 
 def tool(name: str) -> str:
-    """Path of a Prometheus binary; Debian's prometheus package provides both."""
-    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
-    if not path:
-        raise RuntimeError(f"{name} not found: apt-get install prometheus (Debian's package has promtool)")
-    return path
+    """Path of a Prometheus binary (prometheus, promtool): from $SM120_PROMETHEUS_BIN_DIR
+    when set (e.g. unpacked from the .deb with dpkg-deb -x), else PATH or /usr/bin, where
+    Debian's prometheus package puts both."""
+    bin_dir = os.environ.get("SM120_PROMETHEUS_BIN_DIR")
+    candidates = [Path(bin_dir) / name] if bin_dir else []
+    candidates += [Path(p) for p in (shutil.which(name), f"/usr/bin/{name}") if p]
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    raise RuntimeError(f"{name} not found: apt-get install prometheus (Debian's package has promtool), "
+                       "or set SM120_PROMETHEUS_BIN_DIR")
 
 
 def role_defaults() -> dict:

@@ -176,3 +176,17 @@ def test_gpu_alerts_see_the_fixtures(fixture_prometheus):
                  "sum by (host, pci_bus_id, xid) (increase(sm120_gpu_xid_errors_total[15m])) > 0"):
         result = promlib.query(prom.url, expr, end)["data"]["result"]
         assert {r["metric"]["host"] for r in result} == set(GPU_HOSTS.values()), expr
+
+
+def test_check_queries_reports_missing_targets_and_data(fixture_prometheus):
+    """The site-level checker (check_queries.py) fails, and says why, on a Prometheus that
+    scrapes no engine, router or node (the fixture one)."""
+    prom, _ = fixture_prometheus
+    result = subprocess.run([sys.executable, str(HERE / "check_queries.py"), "--prometheus", prom.url,
+                             "--skip-gpu", "--wait", "0"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    for needle in ("FAIL job sglang_engine: no target", "FAIL job sglang_router: no target",
+                   "FAIL recording rule sglang:prompt_tokens:rate5m: no data",
+                   "'Prefill token throughput' A: no data", "FAILED: targets, recording rules and"):
+        assert needle in result.stdout, (needle, result.stdout[-3000:])
+    assert "DCGM_FI" not in result.stdout  # GPU panels skipped
