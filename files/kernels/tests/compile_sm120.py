@@ -20,34 +20,16 @@ from triton.compiler import ASTSource  # noqa: E402
 from sm120_kernels import configs, fused_moe_w4a16 as M, routing as R  # noqa: E402
 from sm120_kernels.models import MODELS  # noqa: E402
 
-TARGET = GPUTarget("cuda", 120, 32)
+TARGET = GPUTarget("cuda", 120, 32)  # noqa: F841 (sm120_compile_util compiles for it)
 SMEM_LIMIT = 101376
 
 
-def ptxas_stats(ptx: str) -> dict:
-    from triton.backends.nvidia import compiler as nv
-
-    ptxas = nv.get_ptxas(nv.GPUTarget("cuda", 120, 32)).path if hasattr(nv, "get_ptxas") else None
-    if ptxas is None:
-        ptxas = os.path.join(os.path.dirname(nv.__file__), "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as d:
-        src = os.path.join(d, "k.ptx")
-        open(src, "w").write(ptx)
-        r = subprocess.run([ptxas, "-arch=sm_120a", "-v", src, "-o", os.path.join(d, "k.cubin")],
-                           capture_output=True, text=True, check=True)
-    log = r.stderr + r.stdout
-    spill_st = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", log))
-    spill_ld = sum(int(x) for x in re.findall(r"(\d+) bytes spill loads", log))
-    regs = max([int(x) for x in re.findall(r"Used (\d+) registers", log)] or [0])
-    return {"spill_stores": spill_st, "spill_loads": spill_ld, "registers": regs}
-
-
 def compile_one(fn, signature, constexprs, num_warps, num_stages):
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    k = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
-    out = {"shared": k.metadata.shared, "sm120a": ".target sm_120a" in k.asm["ptx"]}
-    out.update(ptxas_stats(k.asm["ptx"]))
-    return out
+    from sm120_compile_util import compile_sm120
+
+    sig = {k: v for k, v in signature.items() if v != "constexpr"}
+    r = compile_sm120(fn, sig, constexprs, num_warps, num_stages)
+    return {"shared": r["shared"], "spills": r["spills"], "registers": r["registers"], "stack": r["stack"]}
 
 
 def gemm_variants():
@@ -74,10 +56,13 @@ def gemm_variants():
                                  X_IS_SORTED=not gated, HAS_LIMIT=bool(model.swiglu_limit) and gated,
                                  USE_ASM=True, INTERP=False, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
                                  BLOCK_K=c["BLOCK_K"])
+                    if c.get("kernel", "mma") == "fma":
+                        const["PREFETCH"] = c.get("prefetch", 2)
                     for k, v in const.items():
                         sig[k] = "constexpr"
                     name = f"{fname}:{fmt}:{bucket}:{kernel}"
-                    yield name, M._moe_gemm_kernel, sig, const, c["num_warps"], c["num_stages"]
+                    fn = M._moe_gemv_kernel if c.get("kernel", "mma") == "fma" else M._moe_gemm_kernel
+                    yield name, fn, sig, const, c["num_warps"], c["num_stages"]
 
 
 def other_variants():
@@ -107,7 +92,7 @@ def main():
             continue
         try:
             res = compile_one(fn, sig, const, w, s)
-            res["ok"] = res["shared"] <= SMEM_LIMIT and res["spill_stores"] == 0 and res["spill_loads"] == 0
+            res["ok"] = res["shared"] <= SMEM_LIMIT and res["spills"] == 0
         except Exception as exc:  # an OutOfResources or compile error is a failure
             res = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
         res["name"] = name

@@ -63,12 +63,65 @@ def plot(rows, path, device_name, bw):
     fig.savefig(path, dpi=120)
 
 
+def _tune(case, dev, do_bench):
+    """Per kernel family: fastest gate_up (with the family's first down), then
+    fastest down; the faster family wins."""
+    from . import fused_moe_w4a16 as M
+    from .models import MODELS
+
+    model = next(m for m in MODELS if m.name == case.group)
+    key = (model.fmt, case.batch)
+    winners = []
+    for fam, (gus, downs) in M.TUNE_FAMILIES.items():
+        best = {"gate_up": gus[0], "down": downs[0]}
+        best_t = None
+        for kernel, cands in (("gate_up", gus), ("down", downs)):
+            timings = []
+            for cand in cands:
+                trial = dict(best)
+                trial[kernel] = cand
+                M._BENCH_CONFIG_OVERRIDE[key] = trial
+                try:
+                    spec = case.make(dev)
+                    timings.append((do_bench(spec.fn, warmup=5, rep=40, return_mode="median"), cand))
+                    del spec
+                except Exception as exc:
+                    print(f"# tune {case.name} {kernel} {cand}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            if timings:
+                best_t, best[kernel] = min(timings, key=lambda t: t[0])
+        if best_t is not None:
+            print(f"# tune {case.name} {fam}: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
+            winners.append((best_t, best))
+    best = min(winners, key=lambda t: t[0])[1]
+    M._BENCH_CONFIG_OVERRIDE[key] = best
+    return best
+
+
+def write_tuned(path, tuned, device_name):
+    from .models import MODELS
+
+    data = {"_comment": f"{device_name}: fastest of the bench --tune candidates per batch (CUDA-graph replay, L2 cleared)."}
+    for (group, batch), cfg in sorted(tuned.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        fmt = next(m.fmt for m in MODELS if m.name == group)
+        data.setdefault(fmt, {})[str(batch)] = cfg
+    # larger batches (prefill): the default's tensor-core tiles, not tuned here
+    from .configs import load_file
+
+    for fmt in list(data):
+        if not fmt.startswith("_"):
+            data[fmt]["1048576"] = load_file("default.json")[fmt]["1048576"]
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sm120_kernels.bench")
     ap.add_argument("--plot", default="sm120_kernels_bench.png")
     ap.add_argument("--json", help="also write the JSON here")
     ap.add_argument("-k", dest="filter")
     ap.add_argument("--no-ref", action="store_true", help="skip timing the torch reference")
+    ap.add_argument("--tune", metavar="PATH",
+                    help="time the candidate configs per case, use the fastest, write them as a config file")
     args = ap.parse_args(argv)
 
     import torch
@@ -81,9 +134,12 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name(dev)
     bw = copy_bandwidth(dev)
     rows = []
+    tuned = {}
     for case in bench_cases():
         if args.filter and args.filter not in case.name:
             continue
+        if args.tune and case.name.startswith("moe_w4a16"):
+            tuned[(case.group, case.batch)] = _tune(case, dev, do_bench)
         spec = case.make(dev)
         t = do_bench(spec.fn, warmup=25, rep=200, return_mode="median") * 1e3
         t2 = do_bench(spec.fn, warmup=5, rep=100, return_mode="median") * 1e3
@@ -116,6 +172,9 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             f.write(text)
+    if args.tune and tuned:
+        write_tuned(args.tune, tuned, name)
+        print(f"# tuned configs: {args.tune}", file=sys.stderr)
     if rows and args.plot:
         plot(rows, args.plot, name, bw)
         print(f"# plot: {args.plot}", file=sys.stderr)

@@ -132,31 +132,32 @@ def _dq8_nvfp4_asm(w, s):
     return tl.inline_asm_elementwise(
         asm="""
         {
-        .reg .b32 q, t, u, s2, v;
+        .reg .b32 q, t, u, s2, v, nz;
         mov.b32 s2, {$9, $9};
+        mov.b32 nz, 0x80008000;
         mov.b32 q, $8;
         shr.u32 t, q, 6;
         and.b32 t, t, 0x01C001C0;
         lop3.b32 u, q, 0x80008000, t, 0xEA;
-        fma.rn.bf16x2 v, u, s2, 0x80008000;
+        fma.rn.bf16x2 v, u, s2, nz;
         mov.b32 {$3, $7}, v;
         shl.b32 q, q, 4;
         shr.u32 t, q, 6;
         and.b32 t, t, 0x01C001C0;
         lop3.b32 u, q, 0x80008000, t, 0xEA;
-        fma.rn.bf16x2 v, u, s2, 0x80008000;
+        fma.rn.bf16x2 v, u, s2, nz;
         mov.b32 {$2, $6}, v;
         shl.b32 q, q, 4;
         shr.u32 t, q, 6;
         and.b32 t, t, 0x01C001C0;
         lop3.b32 u, q, 0x80008000, t, 0xEA;
-        fma.rn.bf16x2 v, u, s2, 0x80008000;
+        fma.rn.bf16x2 v, u, s2, nz;
         mov.b32 {$1, $5}, v;
         shl.b32 q, q, 4;
         shr.u32 t, q, 6;
         and.b32 t, t, 0x01C001C0;
         lop3.b32 u, q, 0x80008000, t, 0xEA;
-        fma.rn.bf16x2 v, u, s2, 0x80008000;
+        fma.rn.bf16x2 v, u, s2, nz;
         mov.b32 {$0, $4}, v;
         }
         """,
@@ -175,27 +176,30 @@ def _dq8_int4_asm(w, s):
     return tl.inline_asm_elementwise(
         asm="""
         {
-        .reg .b32 q, u, s2, v;
+        .reg .b32 q, u, s2, v, nz, one, c136;
         mov.b32 s2, {$9, $9};
+        mov.b32 nz, 0x80008000;
+        mov.b32 one, 0x3F803F80;
+        mov.b32 c136, 0xC308C308;
         mov.b32 q, $8;
         lop3.b32 u, q, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 u, u, 0x3F803F80, 0xC308C308;
-        fma.rn.bf16x2 v, u, s2, 0x80008000;
+        fma.rn.bf16x2 u, u, one, c136;
+        fma.rn.bf16x2 v, u, s2, nz;
         mov.b32 {$0, $4}, v;
         shr.u32 q, q, 4;
         lop3.b32 u, q, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 u, u, 0x3F803F80, 0xC308C308;
-        fma.rn.bf16x2 v, u, s2, 0x80008000;
+        fma.rn.bf16x2 u, u, one, c136;
+        fma.rn.bf16x2 v, u, s2, nz;
         mov.b32 {$1, $5}, v;
         shr.u32 q, q, 4;
         lop3.b32 u, q, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 u, u, 0x3F803F80, 0xC308C308;
-        fma.rn.bf16x2 v, u, s2, 0x80008000;
+        fma.rn.bf16x2 u, u, one, c136;
+        fma.rn.bf16x2 v, u, s2, nz;
         mov.b32 {$2, $6}, v;
         shr.u32 q, q, 4;
         lop3.b32 u, q, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 u, u, 0x3F803F80, 0xC308C308;
-        fma.rn.bf16x2 v, u, s2, 0x80008000;
+        fma.rn.bf16x2 u, u, one, c136;
+        fma.rn.bf16x2 v, u, s2, nz;
         mov.b32 {$3, $7}, v;
         }
         """,
@@ -208,18 +212,22 @@ def _dq8_int4_asm(w, s):
 
 
 @triton.jit
-def _load_scale(s_ptrs, mask, FMT: tl.constexpr, USE_ASM: tl.constexpr):
+def _cvt_scale(raw, FMT: tl.constexpr, USE_ASM: tl.constexpr):
     if FMT == 0:  # nvfp4: e4m3 bits
-        s = _e4m3_to_f32(tl.load(s_ptrs, mask=mask, other=0))
+        s = _e4m3_to_f32(raw)
         if USE_ASM:
             s = (s * 6.646139978924579e35).to(tl.bfloat16)  # x 2**119, exact
     else:  # int4: bf16
-        s = tl.load(s_ptrs, mask=mask, other=0.0)
         if USE_ASM:
-            s = s.to(tl.bfloat16)
+            s = raw.to(tl.bfloat16)
         else:
-            s = s.to(tl.float32)
+            s = raw.to(tl.float32)
     return s
+
+
+@triton.jit
+def _load_scale(s_ptrs, mask, FMT: tl.constexpr, USE_ASM: tl.constexpr):
+    return _cvt_scale(tl.load(s_ptrs, mask=mask, other=0), FMT, USE_ASM)
 
 
 @triton.jit
@@ -342,6 +350,174 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
+def _dot_row(wq, x_ptr, row, kw, mask_k, stride_xk):
+    # one token: sum_{j,i} w_i[n, j] * x[row, 8j + i] -> [BLOCK_N]
+    xp = x_ptr + row + (kw * 8) * stride_xk
+    p = wq[0].to(tl.float32) * tl.load(xp, mask=mask_k, other=0.0).to(tl.float32)[None, :]
+    for i in tl.static_range(1, 8):
+        xi = tl.load(xp + i * stride_xk, mask=mask_k, other=0.0).to(tl.float32)
+        p += wq[i].to(tl.float32) * xi[None, :]
+    return tl.sum(p, axis=1)
+
+
+@triton.jit
+def _ld_tile(w_base, s_base, up_offset, stride_wn, stride_wk, stride_sn, stride_sk,
+             k0, offs_j, mask_n, KW, BK8: tl.constexpr, GROUP: tl.constexpr, GATED: tl.constexpr):
+    kw = k0 * BK8 + offs_j
+    m = mask_n[:, None] & (kw < KW)[None, :]
+    kg = (kw * 8) // GROUP
+    w = tl.load(w_base + kw[None, :] * stride_wk, mask=m, other=0)
+    s = tl.load(s_base + kg[None, :] * stride_sk, mask=m, other=0)
+    if GATED:
+        wu = tl.load(w_base + up_offset * stride_wn + kw[None, :] * stride_wk, mask=m, other=0)
+        su = tl.load(s_base + up_offset * stride_sn + kg[None, :] * stride_sk, mask=m, other=0)
+    else:
+        wu = w
+        su = s
+    return w, s, wu, su
+
+
+@triton.jit
+def _moe_gemv_kernel(
+    x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    num_valid, top_k, N, K,
+    stride_xm, stride_xk,
+    stride_we, stride_wn, stride_wk,
+    stride_se, stride_sn, stride_sk,
+    stride_om,
+    up_offset, g_mult, swiglu_limit,
+    FMT: tl.constexpr, GROUP: tl.constexpr, GATED: tl.constexpr,
+    X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """Decode path: up to BLOCK_M (2 or 4) tokens of one expert on CUDA cores.
+
+    The dequantised weights stay in the load's register layout: no shared-memory
+    round trip into an MMA operand layout (that costs 8x the weight bytes in
+    shared-memory traffic). Each real token costs one FMA per weight; padding
+    rows cost nothing. The next K tile's words and scales are loaded before the
+    current one is used (Triton does not pipeline loads that feed no tl.dot).
+    Same inputs and outputs as _moe_gemm_kernel.
+    """
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    num_post = tl.load(num_post_ptr)
+    if pid_m * BLOCK_M >= num_post:
+        return
+    BK8: tl.constexpr = BLOCK_K // 8
+    ar = tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + ar
+    ids = tl.load(sorted_ids_ptr + offs_m)
+    valid_m = ids < num_valid
+    cnt = tl.sum(valid_m.to(tl.int32), axis=0)
+    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    if X_IS_SORTED:
+        xr = offs_m.to(tl.int64)
+    else:
+        xr = (ids // top_k).to(tl.int64)
+    xr = tl.where(valid_m, xr, 0) * stride_xm
+    r0 = tl.sum(tl.where(ar == 0, xr, 0), axis=0)
+    r1 = tl.sum(tl.where(ar == 1, xr, 0), axis=0)
+    r2 = tl.sum(tl.where(ar == 2, xr, 0), axis=0)
+    r3 = tl.sum(tl.where(ar == 3, xr, 0), axis=0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_j = tl.arange(0, BK8)
+    KW = K // 8
+    w_base = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+    s_base = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn
+
+    a0 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    a1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    a2 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    a3 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    u0 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    u1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    u2 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    u3 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    # hand-made pipeline: the words and scales of the next PREFETCH K tiles are
+    # in flight while the current one is used (1 reg holds 8 weights, so deep
+    # prefetch is cheap), which is what keeps enough bytes in flight per SM.
+    nk = tl.cdiv(KW, BK8)
+    wa, sa, wua, sua = _ld_tile(w_base, s_base, up_offset, stride_wn, stride_wk, stride_sn, stride_sk,
+                                0, offs_j, mask_n, KW, BK8, GROUP, GATED)
+    wb, sb, wub, sub = _ld_tile(w_base, s_base, up_offset, stride_wn, stride_wk, stride_sn, stride_sk,
+                                1, offs_j, mask_n, KW, BK8, GROUP, GATED)
+    if PREFETCH > 2:
+        wc, sc, wuc, suc = _ld_tile(w_base, s_base, up_offset, stride_wn, stride_wk, stride_sn, stride_sk,
+                                    2, offs_j, mask_n, KW, BK8, GROUP, GATED)
+    for k0 in range(0, nk):
+        w = wa
+        s = sa
+        wu = wua
+        su = sua
+        wa = wb
+        sa = sb
+        wua = wub
+        sua = sub
+        if PREFETCH > 2:
+            wb = wc
+            sb = sc
+            wub = wuc
+            sub = suc
+            wc, sc, wuc, suc = _ld_tile(w_base, s_base, up_offset, stride_wn, stride_wk, stride_sn, stride_sk,
+                                        k0 + 3, offs_j, mask_n, KW, BK8, GROUP, GATED)
+        else:
+            wb, sb, wub, sub = _ld_tile(w_base, s_base, up_offset, stride_wn, stride_wk, stride_sn, stride_sk,
+                                        k0 + 2, offs_j, mask_n, KW, BK8, GROUP, GATED)
+        kw = k0 * BK8 + offs_j
+        mask_k = kw < KW
+        q = _dq8(w, _cvt_scale(s, FMT, USE_ASM), FMT, USE_ASM, INTERP)
+        a0 += _dot_row(q, x_ptr, r0, kw, mask_k, stride_xk)
+        if cnt > 1:
+            a1 += _dot_row(q, x_ptr, r1, kw, mask_k, stride_xk)
+        if cnt > 2:
+            a2 += _dot_row(q, x_ptr, r2, kw, mask_k, stride_xk)
+        if cnt > 3:
+            a3 += _dot_row(q, x_ptr, r3, kw, mask_k, stride_xk)
+        if GATED:
+            qu = _dq8(wu, _cvt_scale(su, FMT, USE_ASM), FMT, USE_ASM, INTERP)
+            u0 += _dot_row(qu, x_ptr, r0, kw, mask_k, stride_xk)
+            if cnt > 1:
+                u1 += _dot_row(qu, x_ptr, r1, kw, mask_k, stride_xk)
+            if cnt > 2:
+                u2 += _dot_row(qu, x_ptr, r2, kw, mask_k, stride_xk)
+            if cnt > 3:
+                u3 += _dot_row(qu, x_ptr, r3, kw, mask_k, stride_xk)
+
+    g = tl.load(g_ptr + e) * g_mult
+    for m in tl.static_range(BLOCK_M):
+        if m == 0:
+            acc = a0
+            accu = u0
+        elif m == 1:
+            acc = a1
+            accu = u1
+        elif m == 2:
+            acc = a2
+            accu = u2
+        else:
+            acc = a3
+            accu = u3
+        if m < cnt:
+            idm = tl.sum(tl.where(ar == m, ids, 0), axis=0)
+            y = acc * g
+            if GATED:
+                up = accu * g
+                gate = y
+                if HAS_LIMIT:
+                    gate = tl.minimum(gate, swiglu_limit)
+                    up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
+                h = gate / (1.0 + tl.exp(-gate)) * up
+                row = pid_m * BLOCK_M + m
+                tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n, _to_bf16(h, INTERP), mask=mask_n)
+            else:
+                tw = tl.load(tw_ptr + idm).to(tl.float32)
+                tl.store(out_ptr + idm.to(tl.int64) * stride_om + offs_n, y * tw, mask=mask_n)
+
+
+@triton.jit
 def _combine_kernel(buf_ptr, ids_ptr, out_ptr, top_k, H, num_local, rsf,
                     stride_bm, stride_om, BLOCK_H: tl.constexpr, INTERP: tl.constexpr):
     t = tl.program_id(0)
@@ -439,7 +615,10 @@ def _gemm(x, W, s, g, out, tw, align, top_k, N, K, fmt, cfg, gated, x_sorted,
     g_mult = 2.0 ** (126 - _NVFP4_ASM_SCALE_SHIFT) if (use_asm and fmt_id == 0) else 1.0
     bm = cfg["BLOCK_M"]
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), expert_ids.shape[0])
-    _moe_gemm_kernel[grid](
+    kernel = _moe_gemv_kernel if cfg.get("kernel", "mma") == "fma" else _moe_gemm_kernel
+    if kernel is _moe_gemv_kernel:
+        assert bm <= 4, "the CUDA-core path unrolls at most 4 tokens per block"
+    kernel[grid](
         x, W, s, g, out, tw,
         sorted_ids, expert_ids, num_post,
         num_valid, top_k, N, K,
@@ -452,6 +631,7 @@ def _gemm(x, W, s, g, out, tw, align, top_k, N, K, fmt, cfg, gated, x_sorted,
         HAS_LIMIT=bool(swiglu_limit), USE_ASM=use_asm, INTERP=_interpreting(),
         BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **({"PREFETCH": cfg.get("prefetch", 2)} if kernel is _moe_gemv_kernel else {}),
     )
 
 
@@ -664,7 +844,7 @@ def selftest_cases():
 
     cases = []
     for m in MODELS:
-        for b in (1, 8, 64):
+        for b in (1, 8, 64, 256):  # 256: the tensor-core (prefill) kernel
             cases.append(SelfTestCase(f"moe_w4a16[{m.name},{m.fmt},ep8,batch={b}]", _selftest_moe(m, b, "ep8")))
         cases.append(SelfTestCase(f"moe_w4a16[{m.name},{m.fmt},all-local,batch=32]", _selftest_moe(m, 32, "all")))
     return cases
@@ -673,6 +853,28 @@ def selftest_cases():
 def moe_bytes(model, batch: int, n_active: int) -> int:
     """Fewest bytes: the active experts' weights and scales once, x read, out written."""
     return n_active * weight_bytes_per_expert(model.fmt, model.hidden, model.inter) + 2 * 2 * batch * model.hidden
+
+
+# (fmt, batch) -> {"gate_up": cfg, "down": cfg}; set by bench --tune
+_BENCH_CONFIG_OVERRIDE: dict = {}
+
+# candidates for bench --tune, per BLOCK_M family (both GEMMs share one
+# alignment); each compiles for sm_120 without spills
+def _c(kernel, bm, bn, bk, w, st, prefetch=None):
+    c = dict(kernel=kernel, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st)
+    if prefetch:
+        c["prefetch"] = prefetch
+    return c
+
+
+TUNE_FAMILIES = {
+    "fma": ([_c("fma", 4, 16, 256, 4, 1, 3), _c("fma", 4, 16, 128, 4, 1, 3), _c("fma", 4, 32, 128, 4, 1, 3),
+             _c("fma", 4, 16, 256, 4, 1, 2)],
+            [_c("fma", 4, 16, 256, 4, 1, 3), _c("fma", 4, 32, 128, 4, 1, 3), _c("fma", 4, 16, 128, 4, 1, 3),
+             _c("fma", 4, 32, 256, 4, 1, 2)]),
+    "mma": ([_c("mma", 16, 32, 128, 4, 4), _c("mma", 16, 64, 128, 8, 3)],
+            [_c("mma", 16, 64, 128, 8, 3), _c("mma", 16, 32, 128, 4, 4)]),
+}
 
 
 def _bench_moe(model, batch):
@@ -685,9 +887,10 @@ def _bench_moe(model, batch):
         x = torch.randn((batch, model.hidden), device=device).to(torch.bfloat16)
         kw = dict(routed_scaling_factor=model.routed_scaling_factor, swiglu_limit=model.swiglu_limit)
         out = torch.empty_like(x)
+        cfg = _BENCH_CONFIG_OVERRIDE.get((model.fmt, batch))
 
         def call():
-            return fused_moe_w4a16(x, W, tw, ids, out=out, **kw)
+            return fused_moe_w4a16(x, W, tw, ids, out=out, config=cfg, **kw)
 
         call()
         torch.cuda.synchronize()

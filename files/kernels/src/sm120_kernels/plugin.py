@@ -289,7 +289,16 @@ def _around_moe_apply(original, self, layer, dispatch_output, *args, **kwargs):
     from .fused_moe_w4a16 import fused_moe_w4a16
 
     cfg = _cfg(layer)
-    topk_weights, topk_ids = dispatch_output.topk_output[0], dispatch_output.topk_output[1]
+    topk_output = dispatch_output.topk_output
+    if hasattr(topk_output, "to_standard"):  # bypassed routing: run it now
+        topk_output = topk_output.to_standard()
+    from sglang.srt.layers.moe.topk import TopKOutputChecker
+
+    if not TopKOutputChecker.format_is_standard(topk_output):
+        # SGLang's repacking was skipped for this layer, so its kernels cannot run either
+        raise RuntimeError(f"sm120_kernels: unsupported top-k output {type(topk_output).__name__} "
+                           "for a layer whose experts run on sm120_kernels; set SM120_KERNELS_DISABLE=1")
+    topk_weights, topk_ids = topk_output.topk_weights, topk_output.topk_ids
     if getattr(layer, "should_fuse_routed_scaling_factor_in_topk", False):
         rsf = 1.0  # the router already multiplied the weights
     else:

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# CPU tier of the kernel package tests (what `make test` runs):
+#   1. kernels against their torch references under the Triton interpreter;
+#   2. every shipped config cross-compiled for sm_120 with the real Triton,
+#      plus the SGLang plugin and packaging tests.
+# GPU tests (@pytest.mark.gpu) are deselected; they run on a lent GPU.
+# Usage: scripts/test-cpu.sh [PYTHON]   (default: <repo>/.venv-sglang/bin/python)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+py="${1:-$repo/.venv-sglang/bin/python}"
+cd "$here"
+
+# build the wheel once and test what it installs
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+wheel="$("$py" -c 'import _build_backend as b, sys; print(b.build_wheel(sys.argv[1]))' "$work/dist" | tail -n1)"
+"$py" -m zipfile -e "$work/dist/$wheel" "$work/site"
+export SM120_TEST_SITE="$work/site" SM120_TEST_WHEEL="$work/dist/$wheel"
+echo "sm120-kernels: testing $wheel"
+
+opts=(-q -p no:cacheprovider -m "not gpu" -o "addopts=")
+echo "== interpreter tier (TRITON_INTERPRET=1)"
+TRITON_INTERPRET=1 "$py" -m pytest "${opts[@]}" tests
+echo "== compiler tier (sm_120 cross-compile, plugin, packaging)"
+env -u TRITON_INTERPRET "$py" -m pytest "${opts[@]}" tests

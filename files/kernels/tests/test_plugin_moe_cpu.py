@@ -1,0 +1,112 @@
+"""The plugin's MoE glue with SGLang's own dispatch/combine types, on CPU under
+the Triton interpreter: the weights a ModelOpt NVFP4 / compressed-tensors layer
+holds after loading go through our process_weights/apply hooks and give the
+reference result; SGLang's original functions are not called for taken-over
+layers and are called for the others."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from sm120_kernels import fused_moe_w4a16 as M  # noqa: E402
+from sm120_kernels import plugin  # noqa: E402
+from sm120_kernels.registry import compare  # noqa: E402
+
+E, H, I, T, K = 3, 256, 64, 4, 2
+CFG = {k: dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=1) for k in ("gate_up", "down")}
+
+
+def _runner_cfg(rsf=None, limit=None):
+    from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
+
+    return MoeRunnerConfig(num_experts=E, num_local_experts=E, hidden_size=H, intermediate_size_per_partition=I,
+                           top_k=K, routed_scaling_factor=rsf, swiglu_limit=limit)
+
+
+def _layer(fmt, rsf, fused_rsf, limit):
+    W = M.random_weights(fmt, E, H, I, "cpu", seed=11, kn=fmt == "int4")
+    P = torch.nn.Parameter
+    if fmt == "nvfp4":
+        layer = SimpleNamespace(
+            w13_weight=P(W.w13.view(torch.uint8), requires_grad=False),
+            w13_weight_scale=P(W.s13.view(torch.float8_e4m3fn), requires_grad=False),
+            w13_weight_scale_2=P(W.g13[:, None].repeat(1, 2), requires_grad=False),
+            w2_weight=P(W.w2.view(torch.uint8), requires_grad=False),
+            w2_weight_scale=P(W.s2.view(torch.float8_e4m3fn), requires_grad=False),
+            w2_weight_scale_2=P(W.g2.clone(), requires_grad=False))
+        method = SimpleNamespace()
+    else:  # SGLang's compressed-tensors layout: [E, K/8, N], [E, K/32, N]
+        layer = SimpleNamespace(
+            w13_weight_packed=P(W.w13.transpose(1, 2).contiguous(), requires_grad=False),
+            w13_weight_scale=P(W.s13.transpose(1, 2).contiguous(), requires_grad=False),
+            w2_weight_packed=P(W.w2.transpose(1, 2).contiguous(), requires_grad=False),
+            w2_weight_scale=P(W.s2.transpose(1, 2).contiguous(), requires_grad=False))
+        method = SimpleNamespace(num_bits=4, group_size=32, sym=True, actorder=None)
+    layer.moe_runner_config = _runner_cfg(rsf, limit)
+    layer.should_fuse_routed_scaling_factor_in_topk = fused_rsf
+    layer.layer_id = 0
+    return layer, method, W
+
+
+@pytest.mark.parametrize("fmt,fused_rsf", [("nvfp4", True), ("int4", False)])
+def test_hooks_run_our_kernel(interpret, monkeypatch, fmt, fused_rsf):
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput, StandardDispatchOutput
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    monkeypatch.setattr(M, "_BENCH_CONFIG_OVERRIDE", {})
+    import sm120_kernels.configs as C
+
+    monkeypatch.setattr(C, "get_config", lambda *a, **k: CFG)
+    rsf, limit = 2.5, (10.0 if fmt == "nvfp4" else None)
+    layer, method, W = _layer(fmt, rsf, fused_rsf, limit)
+
+    def must_not_run(*a, **k):
+        raise AssertionError("SGLang's original ran for a layer we took over")
+
+    assert plugin._around_process_weights(must_not_run, method, layer) is None
+    assert getattr(layer, plugin._ATTR) is not None
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn((T, H), generator=g).to(torch.bfloat16)
+    ids = torch.tensor([[0, 2], [1, -1], [2, 0], [-1, -1]], dtype=torch.int32)
+    tw = torch.rand((T, K), generator=g) + 0.1
+    disp = StandardDispatchOutput(hidden_states=x, hidden_states_scale=None,
+                                  topk_output=StandardTopKOutput(tw, ids, torch.zeros(T, E)))
+    res = plugin._around_moe_apply(must_not_run, method, layer, disp)
+    assert isinstance(res, StandardCombineInput)
+    # rsf exactly once: by the router when it is fused there, else by us
+    want_rsf = 1.0 if fused_rsf else rsf
+    ref = M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=want_rsf, swiglu_limit=limit)
+    r = compare(res.hidden_states, ref)
+    assert r.ok, r.detail
+
+
+def test_layers_not_taken_over_use_sglang(monkeypatch):
+    layer, method, _ = _layer("nvfp4", None, True, None)
+    layer.moe_runner_config.activation = "gelu"
+    calls = []
+    plugin._around_process_weights(lambda *a, **k: calls.append("pwal"), method, layer)
+    assert calls == ["pwal"] and getattr(layer, plugin._ATTR, None) is None
+    out = plugin._around_moe_apply(lambda *a, **k: "original", method, layer, None)
+    assert out == "original"
+
+
+def test_routing_hook_matches_reference(interpret):
+    from sglang.srt.layers.moe import topk as sgl_topk
+
+    logits = torch.randn(5, 64)
+    bias = torch.randn(64) * 0.1
+    original = sgl_topk.biased_topk_jit_kernel_impl
+    w, ids = plugin._around_biased_topk(original, logits, logits, bias, 6, True, scoring_func="sqrtsoftplus",
+                                        routed_scaling_factor=1.5, apply_routed_scaling_factor_on_output=True,
+                                        num_token_non_padded=torch.tensor(3))
+    from sm120_kernels.routing import biased_topk_reference
+
+    rw, rids = biased_topk_reference(logits, bias, 6, scoring_func="sqrtsoftplus", routed_scaling_factor=1.5,
+                                     apply_routed_scaling_factor_on_output=True)
+    assert ids[:3].tolist() == rids[:3].tolist()
+    assert (ids[3:] == -1).all() and (w[3:] == 0).all()
+    torch.testing.assert_close(w[:3], rw[:3], rtol=1e-5, atol=1e-6)
