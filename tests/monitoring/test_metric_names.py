@@ -90,7 +90,11 @@ def router_names(tmp_path_factory) -> set[str]:
         for proc in procs:
             proc.terminate()
         for proc in procs:
-            proc.wait(timeout=30)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
         log.close()
 
 
