@@ -13,6 +13,10 @@ APT_PACKAGES := debootstrap systemd-container openssh-client rsync
 export UV_CACHE_DIR := $(CURDIR)/.cache/uv
 export ANSIBLE_HOME := $(CURDIR)/.cache/ansible
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# promtool and prometheus for the rule and dashboard tests, unpacked from Debian's package
+# (not installed: the controller runs no Prometheus service).
+PROMETHEUS_DEB_VERSION := 2.42.0+ds-5+deb12u1
+PROMETHEUS_BIN_DIR     := $(CURDIR)/.cache/prometheus-deb/usr/bin
 
 # Role scenarios run in alphabetical order; site scenarios (molecule/<name>) after them.
 ROLE_DIRS        = $(sort $(dir $(patsubst %/,%,$(dir $(wildcard roles/*/molecule/*/molecule.yml)))))
@@ -21,7 +25,7 @@ SITE_SCENARIOS   = $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecu
 step = @printf '\n\033[1m==> %s\033[0m\n' "$(1)"
 
 .PHONY: help setup apt venv sglang-venv rootfs lab lab-destroy lint test test-static \
-        test-kernels test-lab test-roles test-site clean
+        test-unit test-kernels test-monitoring test-lab test-roles test-site clean prometheus-bin
 
 help:
 	@echo "make lab          converge the local lab (gpu-node + monitor) with site.yml"
@@ -89,11 +93,27 @@ lint test-static: venv
 	@$(ACTIVATE) && python -m pytest -q tests/static
 
 test-kernels: sglang-venv
-	$(call step,kernels on CPU (Triton interpreter, sm_120 cross-compile, SGLang plugin))
+	$(call step,kernels on CPU: Triton interpreter; sm_120 cross-compile; SGLang plugin)
 	@bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python
 
+test-unit: venv
+	$(call step,unit tests of the roles' plugins and scripts)
+	@$(ACTIVATE) && python -m pytest -q tests/unit
+
+prometheus-bin: $(PROMETHEUS_BIN_DIR)/promtool
+$(PROMETHEUS_BIN_DIR)/promtool: | apt
+	$(call step,promtool $(PROMETHEUS_DEB_VERSION) from Debian's prometheus package)
+	@rm -rf .cache/prometheus-deb && mkdir -p .cache/prometheus-deb
+	@cd .cache && apt-get download -qq prometheus=$(PROMETHEUS_DEB_VERSION)
+	@dpkg-deb -x .cache/prometheus_$(subst :,%3a,$(PROMETHEUS_DEB_VERSION))_amd64.deb .cache/prometheus-deb
+	@rm -f .cache/prometheus_*.deb
+
+test-monitoring: sglang-venv prometheus-bin
+	$(call step,monitoring: promtool rule tests; dashboards; metric names in the pinned SGLang and router)
+	@SM120_PROMETHEUS_BIN_DIR=$(PROMETHEUS_BIN_DIR) $(SGLANG_VENV)/bin/python -m pytest -q tests/monitoring
+
 test-lab: setup
-	$(call step,lab lifecycle: boot, failed converge, destroy leaves nothing)
+	$(call step,lab lifecycle: boot; failed converge; destroy leaves nothing)
 	@$(ACTIVATE) && python -m pytest -q tests/lab
 
 test-roles: setup
@@ -107,7 +127,7 @@ test-site: setup
 	  printf '\n\033[1m==> molecule test -s %s\033[0m\n' "$$s"; \
 	  $(VENV)/bin/molecule test -s $$s || exit 1; done
 
-test: test-static test-kernels test-lab test-roles test-site
+test: test-static test-unit test-kernels test-monitoring test-lab test-roles test-site
 	$(call step,all tests passed)
 
 clean: lab-destroy
