@@ -1,0 +1,61 @@
+"""nvidia_driver's apt helpers: the pin glob, what is off the pin, madison parsing, holds."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location(
+    "nvidia_apt", REPO / "roles" / "nvidia_driver" / "filter_plugins" / "nvidia_apt.py")
+apt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(apt)
+
+PATTERN = "^(nvidia-|libnvidia-|libcuda1|firmware-nvidia-|libxnvctrl)"
+MADISON = """nvidia-kernel-open-dkms | 590.48.01-1 | http://mirror/debian12/x86_64  Packages
+nvidia-kernel-open-dkms | 580.105.08-1 | http://mirror/debian12/x86_64  Packages
+nvidia-kernel-open-dkms | 580.95.05-1 | http://mirror/debian12/x86_64  Packages
+""".splitlines()
+
+
+def installed(**versions):
+    return {name.replace("_", "-"): [{"version": v}] for name, v in versions.items()}
+
+
+def test_pin_glob():
+    assert apt.pin_glob("580") == "580.*"
+    assert apt.pin_glob("580", "580.95.05") == "580.95.05-*"
+
+
+def test_off_pin():
+    pkgs = ["nvidia-kernel-open-dkms", "nvidia-driver-cuda"]
+    assert apt.off_pin(pkgs, {}, "580.*") == pkgs
+    on = installed(nvidia_kernel_open_dkms="580.105.08-1", nvidia_driver_cuda="580.105.08-1")
+    assert apt.off_pin(pkgs, on, "580.*") == []
+    assert apt.off_pin(pkgs, on, "590.*") == pkgs
+    assert apt.off_pin(pkgs, on, "580.95.05-*") == pkgs
+    # 580.1 must not pass for branch 58 or 5801
+    assert apt.off_pin(pkgs, on, "58.*") == pkgs
+
+
+def test_madison_and_newest_matching():
+    versions = apt.madison_versions(MADISON)
+    assert versions == ["590.48.01-1", "580.105.08-1", "580.95.05-1"]
+    assert apt.newest_matching(versions, "580.*") == "580.105.08-1"
+    assert apt.newest_matching(versions, "580.95.05-*") == "580.95.05-1"
+    assert apt.newest_matching(versions, "575.*") == ""
+
+
+def test_driver_packages_for_holds():
+    facts = installed(nvidia_kernel_open_dkms="580.95.05-1", nvidia_smi="580.95.05-1",
+                      libcuda1="580.95.05-1", nvidia_driver_pinning_580="1.0-1",
+                      nvidia_container_toolkit="1.17.8-1", python3="3.11.2-1")
+    assert apt.driver_packages(facts, PATTERN) == [
+        "libcuda1", "nvidia-container-toolkit", "nvidia-driver-pinning-580", "nvidia-kernel-open-dkms", "nvidia-smi"]
+    assert apt.driver_packages(facts, PATTERN, "580.95.05-1") == ["libcuda1", "nvidia-kernel-open-dkms", "nvidia-smi"]
+
+
+def test_upstream_version():
+    assert apt.upstream_version("580.95.05-1") == "580.95.05"
+    assert apt.upstream_version("1:580.95.05-0ubuntu1") == "580.95.05"
+    assert apt.upstream_version("") == ""
