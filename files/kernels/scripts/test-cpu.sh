@@ -19,7 +19,7 @@ wheel="$("$py" -c 'import _build_backend as b, sys; print(b.build_wheel(sys.argv
 export SM120_TEST_SITE="$work/site" SM120_TEST_WHEEL="$work/dist/$wheel"
 echo "sm120-kernels: testing $wheel"
 
-opts=(-q -p no:cacheprovider -m "not gpu" -o "addopts=")
+opts=(-q -p no:cacheprovider -m "not gpu" -o "addopts=" --durations=5)
 echo "== interpreter tier (TRITON_INTERPRET=1)"
 TRITON_INTERPRET=1 "$py" -m pytest "${opts[@]}" tests
 echo "== compiler tier (sm_120 cross-compile, plugin, packaging)"

@@ -33,6 +33,16 @@ def compile_one(fn, signature, constexprs, num_warps, num_stages):
 
 
 def gemm_variants():
+    """Each distinct (format, GEMM, config) among the shipped files, once."""
+    seen = set()
+    for v in _gemm_variants():
+        key = (v[1].__name__, json.dumps(v[3], sort_keys=True), v[4], v[5])
+        if key not in seen:
+            seen.add(key)
+            yield v
+
+
+def _gemm_variants():
     ptr = {"bf16": "*bf16", "i32": "*i32", "u8": "*u8", "f32": "*fp32"}
     for fname in configs.shipped_files():
         data = configs.load_file(fname)
