@@ -147,6 +147,29 @@ def content_id(parts, length=12) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:length]
 
 
+def manifest_diff(old, new):
+    """What changed between two release manifests, one line per difference."""
+    lines = []
+    for key in ("sglang_version", "router_version", "python", "lock_sha256", "kernel_wheel", "model", "repo_revision"):
+        if old.get(key) != new.get(key):
+            lines.append(f"{key}: {_show(old.get(key))} -> {_show(new.get(key))}")
+    old_eng, new_eng = old.get("engines") or {}, new.get("engines") or {}
+    for name in sorted(set(old_eng) | set(new_eng)):
+        if name not in old_eng:
+            lines.append(f"engine {name}: added")
+            continue
+        if name not in new_eng:
+            lines.append(f"engine {name}: removed")
+            continue
+        for part in ("args", "env"):
+            a, b = old_eng[name].get(part) or {}, new_eng[name].get(part) or {}
+            for key in sorted(set(a) | set(b)):
+                if a.get(key) != b.get(key):
+                    label = f"--{key}" if part == "args" else key
+                    lines.append(f"engine {name}: {label} {_show(a.get(key))} -> {_show(b.get(key))}")
+    return lines or ["no difference in versions, model or engine arguments"]
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -155,4 +178,6 @@ class FilterModule:
             "sglang_release_env_file": env_file,
             "sglang_release_cross_engine_errors": cross_engine_errors,
             "sglang_release_content_id": content_id,
+            "sglang_release_manifest_diff": manifest_diff,
         }
+
