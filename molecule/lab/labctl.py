@@ -197,7 +197,9 @@ def up(name: str, release: str, address: str, binds: list[str]) -> dict:
     (ssh_dir / "authorized_keys").chmod(0o600)
     cmd = ["systemd-nspawn", "-D", str(root), "--boot", "--register=no", "--keep-unit",
            "--console=passive", f"--machine={name}"]
-    apt_cache = cache_dir() / "apt" / release
+    # Per host: apt locks its archive directory, so hosts installing at the same time
+    # cannot share one. The cache still serves the next boot of a host of that name.
+    apt_cache = cache_dir() / "apt" / release / name
     (apt_cache / "partial").mkdir(parents=True, exist_ok=True)
     cmd.append(f"--bind={apt_cache}:/var/cache/apt/archives")
     for bind in binds:
