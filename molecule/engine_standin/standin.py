@@ -169,7 +169,8 @@ def tool_call(tools: list[dict], messages: list[dict]) -> dict:
     fn = (tools[0] or {}).get("function", {})
     props = (fn.get("parameters") or {}).get("properties", {}) or {}
     text = _text(messages[-1].get("content")) if messages else ""
-    words = re.findall(r"\b[A-Z][a-z]+\b", text)
+    # Proper nouns: capitalised words that do not start a sentence (Paris, not What).
+    words = re.findall(r"(?<=[a-z,] )[A-Z][a-z]+\b", text)
     args = {}
     for i, (prop, schema) in enumerate(props.items()):
         kind = (schema or {}).get("type", "string")
