@@ -19,7 +19,7 @@ PROMETHEUS_DEB_VERSION := 2.42.0+ds-5+deb12u1
 PROMETHEUS_BIN_DIR     := $(CURDIR)/.cache/prometheus-deb/usr/bin
 
 # Role scenarios run in alphabetical order; site scenarios (molecule/<name>) after them.
-ROLE_DIRS        = $(sort $(dir $(patsubst %/,%,$(dir $(wildcard roles/*/molecule/*/molecule.yml)))))
+ROLE_DIRS        = $(sort $(foreach f,$(wildcard roles/*/molecule/*/molecule.yml),roles/$(word 2,$(subst /, ,$(f)))))
 SITE_SCENARIOS   = $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
 step = @printf '\n\033[1m==> %s\033[0m\n' "$(1)"
