@@ -119,20 +119,20 @@ test-lab: setup
 test-roles: setup
 	@for dir in $(ROLE_DIRS); do \
 	  printf '\n\033[1m==> molecule test --all in %s\033[0m\n' "$$dir"; \
-	  (cd $$dir && $(CURDIR)/$(VENV)/bin/molecule test --all) || exit 1; done
+	  (cd $$dir && PATH=$(CURDIR)/$(VENV)/bin:$$PATH molecule test --all) || exit 1; done
 
 # Scenarios not yet proven from fresh hosts stay out of `make test` (and so out of CI)
 # until they pass there; each runs alone with `make test-scenario S=<name>`.
 PENDING_SCENARIOS := serving
 
 test-scenario: setup
-	$(VENV)/bin/molecule test -s $(S)
+	@$(ACTIVATE) && molecule test -s $(S)
 
 test-site: setup
 	@for s in $(filter-out $(PENDING_SCENARIOS),$(SITE_SCENARIOS)); do \
 	  [ "$$s" = lab ] && continue; \
 	  printf '\n\033[1m==> molecule test -s %s\033[0m\n' "$$s"; \
-	  $(VENV)/bin/molecule test -s $$s || exit 1; done
+	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH molecule test -s $$s || exit 1; done
 
 test: test-static test-unit test-kernels test-monitoring test-lab test-roles test-site
 	$(call step,all tests passed)

@@ -350,31 +350,60 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
-def _dot_row(wq, x_ptr, row, kw, mask_k, stride_xk):
-    # one token: sum_{j,i} w_i[n, j] * x[row, 8j + i] -> [BLOCK_N]
-    xp = x_ptr + row + (kw * 8) * stride_xk
-    p = wq[0].to(tl.float32) * tl.load(xp, mask=mask_k, other=0.0).to(tl.float32)[None, :]
-    for i in tl.static_range(1, 8):
-        xi = tl.load(xp + i * stride_xk, mask=mask_k, other=0.0).to(tl.float32)
-        p += wq[i].to(tl.float32) * xi[None, :]
-    return tl.sum(p, axis=1)
+def _split8(t, BK8: tl.constexpr):
+    """[BK8, 8] -> its eight columns ([BK8] each), in order. The eight values of
+    a word stay in one thread, so this is a relabelling of registers."""
+    t = tl.reshape(t, (BK8, 2, 2, 2))
+    ev, od = tl.split(t)
+    ee, eo = tl.split(ev)
+    oe, oo = tl.split(od)
+    x0, x4 = tl.split(ee)
+    x2, x6 = tl.split(eo)
+    x1, x5 = tl.split(oe)
+    x3, x7 = tl.split(oo)
+    return x0, x1, x2, x3, x4, x5, x6, x7
 
 
 @triton.jit
-def _ld_tile(w_base, s_base, up_offset, stride_wn, stride_wk, stride_sn, stride_sk,
-             k0, offs_j, mask_n, KW, BK8: tl.constexpr, GROUP: tl.constexpr, GATED: tl.constexpr):
+def _x_planes(x_ptr, row, kw, mask_k, BK8: tl.constexpr):
+    # x[row, 8*kw + i], i = 0..7: one contiguous 16-byte vector per word,
+    # split into the eight nibble planes
+    offs = (kw * 8)[:, None] + tl.arange(0, 8)[None, :]
+    t = tl.load(x_ptr + row + offs, mask=mask_k[:, None], other=0.0).to(tl.float32)
+    return _split8(t, BK8)
+
+
+@triton.jit
+def _fma8(acc, q, xs):
+    # acc[n, j] += sum_i w_i[n, j] * x[8j + i]: FMAs only, reduced once at the end
+    for i in tl.static_range(8):
+        acc += q[i].to(tl.float32) * xs[i][None, :]
+    return acc
+
+
+@triton.jit
+def _expand_scales(s, BLOCK_N: tl.constexpr, BK8: tl.constexpr, WPG: tl.constexpr):
+    # [BLOCK_N, BK8 / WPG] group scales -> one per word (WPG words per group)
+    s = tl.join(s, s)
+    if WPG == 4:
+        s = tl.join(s, s)
+    return tl.reshape(s, (BLOCK_N, BK8))
+
+
+@triton.jit
+def _gemv_ld(w_base, s_base, k0, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk,
+             BK8: tl.constexpr, BKG: tl.constexpr):
     kw = k0 * BK8 + offs_j
-    m = mask_n[:, None] & (kw < KW)[None, :]
-    kg = (kw * 8) // GROUP
-    w = tl.load(w_base + kw[None, :] * stride_wk, mask=m, other=0)
-    s = tl.load(s_base + kg[None, :] * stride_sk, mask=m, other=0)
-    if GATED:
-        wu = tl.load(w_base + up_offset * stride_wn + kw[None, :] * stride_wk, mask=m, other=0)
-        su = tl.load(s_base + up_offset * stride_sn + kg[None, :] * stride_sk, mask=m, other=0)
-    else:
-        wu = w
-        su = s
-    return w, s, wu, su
+    kg = k0 * BKG + offs_g
+    w = tl.load(w_base + kw[None, :] * stride_wk, mask=mask_n[:, None] & (kw < KW)[None, :], other=0)
+    s = tl.load(s_base + kg[None, :] * stride_sk, mask=mask_n[:, None] & (kg < KG)[None, :], other=0)
+    return w, s
+
+
+@triton.jit
+def _gemv_dq(w, s, FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
+             BLOCK_N: tl.constexpr, BK8: tl.constexpr, WPG: tl.constexpr):
+    return _dq8(w, _expand_scales(_cvt_scale(s, FMT, USE_ASM), BLOCK_N, BK8, WPG), FMT, USE_ASM, INTERP)
 
 
 @triton.jit
@@ -391,130 +420,162 @@ def _moe_gemv_kernel(
     X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    """Decode path: up to BLOCK_M (2 or 4) tokens of one expert on CUDA cores.
+    """Decode path: up to BLOCK_M (1, 2 or 4) tokens of one expert on CUDA cores.
 
-    The dequantised weights stay in the load's register layout: no shared-memory
-    round trip into an MMA operand layout (that costs 8x the weight bytes in
-    shared-memory traffic). Each real token costs one FMA per weight; padding
-    rows cost nothing. The next K tile's words and scales are loaded before the
-    current one is used (Triton does not pipeline loads that feed no tl.dot).
+    The dequantised weights stay in the load's register layout (no shared
+    memory). The activations of each word are one 16-byte load (x's last dim
+    must be contiguous), split in registers into the eight nibble planes; the
+    products accumulate per (row, word) in fp32 and are reduced across threads
+    once, after the K loop. The next PREFETCH - 1 K tiles' words and scales are
+    in flight while the current one is used (Triton does not pipeline loads
+    that feed no tl.dot). The grid's second axis walks the expert blocks
+    (persistent), so no program is launched for the padding blocks.
     Same inputs and outputs as _moe_gemm_kernel.
     """
     pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
     num_post = tl.load(num_post_ptr)
-    if pid_m * BLOCK_M >= num_post:
-        return
+    nblk = num_post // BLOCK_M
     BK8: tl.constexpr = BLOCK_K // 8
+    BKG: tl.constexpr = BLOCK_K // GROUP
+    WPG: tl.constexpr = GROUP // 8
     ar = tl.arange(0, BLOCK_M)
-    offs_m = pid_m * BLOCK_M + ar
-    ids = tl.load(sorted_ids_ptr + offs_m)
-    valid_m = ids < num_valid
-    cnt = tl.sum(valid_m.to(tl.int32), axis=0)
-    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    if X_IS_SORTED:
-        xr = offs_m.to(tl.int64)
-    else:
-        xr = (ids // top_k).to(tl.int64)
-    xr = tl.where(valid_m, xr, 0) * stride_xm
-    r0 = tl.sum(tl.where(ar == 0, xr, 0), axis=0)
-    r1 = tl.sum(tl.where(ar == 1, xr, 0), axis=0)
-    r2 = tl.sum(tl.where(ar == 2, xr, 0), axis=0)
-    r3 = tl.sum(tl.where(ar == 3, xr, 0), axis=0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     offs_j = tl.arange(0, BK8)
+    offs_g = tl.arange(0, BKG)
     KW = K // 8
-    w_base = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-    s_base = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn
-
-    a0 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    a1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    a2 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    a3 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    u0 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    u1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    u2 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    u3 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    # hand-made pipeline: the words and scales of the next PREFETCH K tiles are
-    # in flight while the current one is used (1 reg holds 8 weights, so deep
-    # prefetch is cheap), which is what keeps enough bytes in flight per SM.
+    KG = tl.cdiv(K, GROUP)
     nk = tl.cdiv(KW, BK8)
-    wa, sa, wua, sua = _ld_tile(w_base, s_base, up_offset, stride_wn, stride_wk, stride_sn, stride_sk,
-                                0, offs_j, mask_n, KW, BK8, GROUP, GATED)
-    wb, sb, wub, sub = _ld_tile(w_base, s_base, up_offset, stride_wn, stride_wk, stride_sn, stride_sk,
-                                1, offs_j, mask_n, KW, BK8, GROUP, GATED)
-    if PREFETCH > 2:
-        wc, sc, wuc, suc = _ld_tile(w_base, s_base, up_offset, stride_wn, stride_wk, stride_sn, stride_sk,
-                                    2, offs_j, mask_n, KW, BK8, GROUP, GATED)
-    for k0 in range(0, nk):
-        w = wa
-        s = sa
-        wu = wua
-        su = sua
-        wa = wb
-        sa = sb
-        wua = wub
-        sua = sub
-        if PREFETCH > 2:
-            wb = wc
-            sb = sc
-            wub = wuc
-            sub = suc
-            wc, sc, wuc, suc = _ld_tile(w_base, s_base, up_offset, stride_wn, stride_wk, stride_sn, stride_sk,
-                                        k0 + 3, offs_j, mask_n, KW, BK8, GROUP, GATED)
+    for mb in range(tl.program_id(1), nblk, tl.num_programs(1)):
+        offs_m = mb * BLOCK_M + ar
+        ids = tl.load(sorted_ids_ptr + offs_m)
+        valid_m = ids < num_valid
+        cnt = tl.sum(valid_m.to(tl.int32), axis=0)
+        e = tl.load(expert_ids_ptr + mb).to(tl.int64)
+        if X_IS_SORTED:
+            xr = offs_m.to(tl.int64)
         else:
-            wb, sb, wub, sub = _ld_tile(w_base, s_base, up_offset, stride_wn, stride_wk, stride_sn, stride_sk,
-                                        k0 + 2, offs_j, mask_n, KW, BK8, GROUP, GATED)
-        kw = k0 * BK8 + offs_j
-        mask_k = kw < KW
-        q = _dq8(w, _cvt_scale(s, FMT, USE_ASM), FMT, USE_ASM, INTERP)
-        a0 += _dot_row(q, x_ptr, r0, kw, mask_k, stride_xk)
-        if cnt > 1:
-            a1 += _dot_row(q, x_ptr, r1, kw, mask_k, stride_xk)
-        if cnt > 2:
-            a2 += _dot_row(q, x_ptr, r2, kw, mask_k, stride_xk)
-        if cnt > 3:
-            a3 += _dot_row(q, x_ptr, r3, kw, mask_k, stride_xk)
-        if GATED:
-            qu = _dq8(wu, _cvt_scale(su, FMT, USE_ASM), FMT, USE_ASM, INTERP)
-            u0 += _dot_row(qu, x_ptr, r0, kw, mask_k, stride_xk)
-            if cnt > 1:
-                u1 += _dot_row(qu, x_ptr, r1, kw, mask_k, stride_xk)
-            if cnt > 2:
-                u2 += _dot_row(qu, x_ptr, r2, kw, mask_k, stride_xk)
-            if cnt > 3:
-                u3 += _dot_row(qu, x_ptr, r3, kw, mask_k, stride_xk)
+            xr = (ids // top_k).to(tl.int64)
+        xr = tl.where(valid_m, xr, 0) * stride_xm
+        r0 = tl.sum(tl.where(ar == 0, xr, 0), axis=0)
+        r1 = tl.sum(tl.where(ar == 1, xr, 0), axis=0)
+        r2 = tl.sum(tl.where(ar == 2, xr, 0), axis=0)
+        r3 = tl.sum(tl.where(ar == 3, xr, 0), axis=0)
+        w_base = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+        s_base = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn
+        wu_base = w_base + up_offset * stride_wn
+        su_base = s_base + up_offset * stride_sn
 
-    g = tl.load(g_ptr + e) * g_mult
-    for m in tl.static_range(BLOCK_M):
-        if m == 0:
-            acc = a0
-            accu = u0
-        elif m == 1:
-            acc = a1
-            accu = u1
-        elif m == 2:
-            acc = a2
-            accu = u2
-        else:
-            acc = a3
-            accu = u3
-        if m < cnt:
-            idm = tl.sum(tl.where(ar == m, ids, 0), axis=0)
-            y = acc * g
+        a0 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
+        a1 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
+        a2 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
+        a3 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
+        u0 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
+        u1 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
+        u2 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
+        u3 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
+        # register pipeline: tiles k0 + 1 .. k0 + PREFETCH - 1 are in flight
+        wa, sa = _gemv_ld(w_base, s_base, 0, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk, BK8, BKG)
+        wua = wa
+        sua = sa
+        if GATED:
+            wua, sua = _gemv_ld(wu_base, su_base, 0, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk, BK8, BKG)
+        if PREFETCH > 2:
+            wb, sb = _gemv_ld(w_base, s_base, 1, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk, BK8, BKG)
+            wub = wb
+            sub = sb
             if GATED:
-                up = accu * g
-                gate = y
-                if HAS_LIMIT:
-                    gate = tl.minimum(gate, swiglu_limit)
-                    up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
-                h = gate / (1.0 + tl.exp(-gate)) * up
-                row = pid_m * BLOCK_M + m
-                tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n, _to_bf16(h, INTERP), mask=mask_n)
+                wub, sub = _gemv_ld(wu_base, su_base, 1, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk,
+                                    BK8, BKG)
+        for k0 in range(0, nk):
+            w = wa
+            s = sa
+            wu = wua
+            su = sua
+            if PREFETCH > 2:
+                wa = wb
+                sa = sb
+                wua = wub
+                sua = sub
+                wb, sb = _gemv_ld(w_base, s_base, k0 + 2, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk,
+                                  BK8, BKG)
+                wub = wb
+                sub = sb
+                if GATED:
+                    wub, sub = _gemv_ld(wu_base, su_base, k0 + 2, offs_j, offs_g, mask_n, KW, KG, stride_wk,
+                                        stride_sk, BK8, BKG)
+            elif PREFETCH > 1:
+                wa, sa = _gemv_ld(w_base, s_base, k0 + 1, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk,
+                                  BK8, BKG)
+                wua = wa
+                sua = sa
+                if GATED:
+                    wua, sua = _gemv_ld(wu_base, su_base, k0 + 1, offs_j, offs_g, mask_n, KW, KG, stride_wk,
+                                        stride_sk, BK8, BKG)
             else:
-                tw = tl.load(tw_ptr + idm).to(tl.float32)
-                tl.store(out_ptr + idm.to(tl.int64) * stride_om + offs_n, y * tw, mask=mask_n)
+                wa, sa = _gemv_ld(w_base, s_base, k0 + 1, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk,
+                                  BK8, BKG)
+                wua = wa
+                sua = sa
+                if GATED:
+                    wua, sua = _gemv_ld(wu_base, su_base, k0 + 1, offs_j, offs_g, mask_n, KW, KG, stride_wk,
+                                        stride_sk, BK8, BKG)
+            kw = k0 * BK8 + offs_j
+            mask_k = kw < KW
+            q = _gemv_dq(w, s, FMT, USE_ASM, INTERP, BLOCK_N, BK8, WPG)
+            if GATED:
+                qu = _gemv_dq(wu, su, FMT, USE_ASM, INTERP, BLOCK_N, BK8, WPG)
+            xs = _x_planes(x_ptr, r0, kw, mask_k, BK8)
+            a0 = _fma8(a0, q, xs)
+            if GATED:
+                u0 = _fma8(u0, qu, xs)
+            if BLOCK_M > 1:
+                if cnt > 1:
+                    xs = _x_planes(x_ptr, r1, kw, mask_k, BK8)
+                    a1 = _fma8(a1, q, xs)
+                    if GATED:
+                        u1 = _fma8(u1, qu, xs)
+            if BLOCK_M > 2:
+                if cnt > 2:
+                    xs = _x_planes(x_ptr, r2, kw, mask_k, BK8)
+                    a2 = _fma8(a2, q, xs)
+                    if GATED:
+                        u2 = _fma8(u2, qu, xs)
+                if cnt > 3:
+                    xs = _x_planes(x_ptr, r3, kw, mask_k, BK8)
+                    a3 = _fma8(a3, q, xs)
+                    if GATED:
+                        u3 = _fma8(u3, qu, xs)
+
+        g = tl.load(g_ptr + e) * g_mult
+        for m in tl.static_range(BLOCK_M):
+            if m == 0:
+                acc = a0
+                accu = u0
+            elif m == 1:
+                acc = a1
+                accu = u1
+            elif m == 2:
+                acc = a2
+                accu = u2
+            else:
+                acc = a3
+                accu = u3
+            if m < cnt:
+                idm = tl.sum(tl.where(ar == m, ids, 0), axis=0)
+                y = tl.sum(acc, axis=1) * g
+                if GATED:
+                    up = tl.sum(accu, axis=1) * g
+                    gate = y
+                    if HAS_LIMIT:
+                        gate = tl.minimum(gate, swiglu_limit)
+                        up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
+                    h = gate / (1.0 + tl.exp(-gate)) * up
+                    row = mb * BLOCK_M + m
+                    tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n, _to_bf16(h, INTERP), mask=mask_n)
+                else:
+                    tw = tl.load(tw_ptr + idm).to(tl.float32)
+                    tl.store(out_ptr + idm.to(tl.int64) * stride_om + offs_n, y * tw, mask=mask_n)
 
 
 @triton.jit
@@ -614,10 +675,14 @@ def _gemm(x, W, s, g, out, tw, align, top_k, N, K, fmt, cfg, gated, x_sorted,
     fmt_id = FORMATS.index(fmt)
     g_mult = 2.0 ** (126 - _NVFP4_ASM_SCALE_SHIFT) if (use_asm and fmt_id == 0) else 1.0
     bm = cfg["BLOCK_M"]
-    grid = (triton.cdiv(N, cfg["BLOCK_N"]), expert_ids.shape[0])
     kernel = _moe_gemv_kernel if cfg.get("kernel", "mma") == "fma" else _moe_gemm_kernel
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), expert_ids.shape[0])
     if kernel is _moe_gemv_kernel:
         assert bm <= 4, "the CUDA-core path unrolls at most 4 tokens per block"
+        assert x.stride(1) == 1, "the CUDA-core path loads x rows as 16-byte vectors"
+        # persistent over the expert blocks: as many programs per column tile
+        # as there can be non-empty experts, not one per padded block
+        grid = (grid[0], max(1, min(grid[1], W.shape[0], num_valid)))
     kernel[grid](
         x, W, s, g, out, tw,
         sorted_ids, expert_ids, num_post,
