@@ -350,27 +350,62 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
-def _split8(t, BK8: tl.constexpr):
-    """[BK8, 8] -> its eight columns ([BK8] each), in order. The eight values of
-    a word stay in one thread, so this is a relabelling of registers."""
-    t = tl.reshape(t, (BK8, 2, 2, 2))
-    ev, od = tl.split(t)
-    ee, eo = tl.split(ev)
-    oe, oo = tl.split(od)
-    x0, x4 = tl.split(ee)
-    x2, x6 = tl.split(eo)
-    x1, x5 = tl.split(oe)
-    x3, x7 = tl.split(oo)
-    return x0, x1, x2, x3, x4, x5, x6, x7
+def _ld_x8_asm(p):
+    # the eight bf16 activations of one word, one 16-byte load, as four bf16
+    # pairs (element 2i in the low half, 2i + 1 in the high half). Elementwise
+    # inline asm: it runs in whatever register layout the words have, so the
+    # activations never go through shared memory.
+    return tl.inline_asm_elementwise(
+        asm="ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
+        constraints="=r,=r,=r,=r,l",
+        args=[p],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+        is_pure=True,
+        pack=1,
+    )
 
 
 @triton.jit
-def _x_planes(x_ptr, row, kw, mask_k, BK8: tl.constexpr):
-    # x[row, 8*kw + i], i = 0..7: one contiguous 16-byte vector per word,
-    # split into the eight nibble planes
-    offs = (kw * 8)[:, None] + tl.arange(0, 8)[None, :]
-    t = tl.load(x_ptr + row + offs, mask=mask_k[:, None], other=0.0).to(tl.float32)
-    return _split8(t, BK8)
+def _ld_u8_asm(p):
+    return tl.inline_asm_elementwise(
+        asm="ld.global.nc.u8 $0, [$1];", constraints="=r,l", args=[p], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _ld_b16_asm(p):
+    return tl.inline_asm_elementwise(
+        asm="ld.global.nc.b16 $0, [$1];", constraints="=h,l", args=[p], dtype=tl.bfloat16, is_pure=True, pack=1)
+
+
+@triton.jit
+def _lo_f32(v):
+    return (v << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _hi_f32(v):
+    return (v & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _x_planes(x_ptr, row, kw, kwc, mask_k, stride_xk, USE_ASM: tl.constexpr):
+    """x[row, 8 * kw + i] for i = 0..7 as fp32, each [BK8] in the words' layout.
+    kwc: kw clamped into range (the asm load has no mask; masked words have
+    zero weights, so their activations only need to be finite)."""
+    if USE_ASM:
+        v0, v1, v2, v3 = _ld_x8_asm(x_ptr + row + kwc * 8)
+        return (_lo_f32(v0), _hi_f32(v0), _lo_f32(v1), _hi_f32(v1),
+                _lo_f32(v2), _hi_f32(v2), _lo_f32(v3), _hi_f32(v3))
+    else:
+        xp = x_ptr + row + (kw * 8) * stride_xk
+        return (tl.load(xp, mask=mask_k, other=0.0).to(tl.float32),
+                tl.load(xp + 1 * stride_xk, mask=mask_k, other=0.0).to(tl.float32),
+                tl.load(xp + 2 * stride_xk, mask=mask_k, other=0.0).to(tl.float32),
+                tl.load(xp + 3 * stride_xk, mask=mask_k, other=0.0).to(tl.float32),
+                tl.load(xp + 4 * stride_xk, mask=mask_k, other=0.0).to(tl.float32),
+                tl.load(xp + 5 * stride_xk, mask=mask_k, other=0.0).to(tl.float32),
+                tl.load(xp + 6 * stride_xk, mask=mask_k, other=0.0).to(tl.float32),
+                tl.load(xp + 7 * stride_xk, mask=mask_k, other=0.0).to(tl.float32))
 
 
 @triton.jit
@@ -382,28 +417,30 @@ def _fma8(acc, q, xs):
 
 
 @triton.jit
-def _expand_scales(s, BLOCK_N: tl.constexpr, BK8: tl.constexpr, WPG: tl.constexpr):
-    # [BLOCK_N, BK8 / WPG] group scales -> one per word (WPG words per group)
-    s = tl.join(s, s)
-    if WPG == 4:
-        s = tl.join(s, s)
-    return tl.reshape(s, (BLOCK_N, BK8))
-
-
-@triton.jit
-def _gemv_ld(w_base, s_base, k0, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk,
-             BK8: tl.constexpr, BKG: tl.constexpr):
+def _gemv_ld(w_base, s_base, k0, offs_j, mask_n, KW, stride_wk, stride_sk,
+             FMT: tl.constexpr, BK8: tl.constexpr, WPG: tl.constexpr, USE_ASM: tl.constexpr):
+    """One K tile: words [BLOCK_N, BK8] and one scale per word (raw), zero
+    where masked (a zero scale makes the weight 0 in both formats)."""
     kw = k0 * BK8 + offs_j
-    kg = k0 * BKG + offs_g
-    w = tl.load(w_base + kw[None, :] * stride_wk, mask=mask_n[:, None] & (kw < KW)[None, :], other=0)
-    s = tl.load(s_base + kg[None, :] * stride_sk, mask=mask_n[:, None] & (kg < KG)[None, :], other=0)
+    m = mask_n[:, None] & (kw < KW)[None, :]
+    w = tl.load(w_base + kw[None, :] * stride_wk, mask=m, other=0)
+    kg = tl.minimum(kw, KW - 1) // WPG
+    sp = s_base + kg[None, :] * stride_sk
+    if USE_ASM:
+        # per-word loads in the words' own layout (a tl.load would get a
+        # layout of its own and a shared-memory conversion per tile)
+        if FMT == 0:
+            s = tl.where(m, _ld_u8_asm(sp), 0)
+        else:
+            s = tl.where(m, _ld_b16_asm(sp), 0.0)
+    else:
+        s = tl.load(sp, mask=m, other=0)
     return w, s
 
 
 @triton.jit
-def _gemv_dq(w, s, FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
-             BLOCK_N: tl.constexpr, BK8: tl.constexpr, WPG: tl.constexpr):
-    return _dq8(w, _expand_scales(_cvt_scale(s, FMT, USE_ASM), BLOCK_N, BK8, WPG), FMT, USE_ASM, INTERP)
+def _gemv_dq(w, s, FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr):
+    return _dq8(w, _cvt_scale(s, FMT, USE_ASM), FMT, USE_ASM, INTERP)
 
 
 @triton.jit
@@ -423,8 +460,9 @@ def _moe_gemv_kernel(
     """Decode path: up to BLOCK_M (1, 2 or 4) tokens of one expert on CUDA cores.
 
     The dequantised weights stay in the load's register layout (no shared
-    memory). The activations of each word are one 16-byte load (x's last dim
-    must be contiguous), split in registers into the eight nibble planes; the
+    memory). The activations of each word are one 16-byte load in the words'
+    layout (x's last dim must be contiguous; inline asm, so no layout
+    conversion), split in registers into the eight nibble planes; the
     products accumulate per (row, word) in fp32 and are reduced across threads
     once, after the K loop. The next PREFETCH - 1 K tiles' words and scales are
     in flight while the current one is used (Triton does not pipeline loads
@@ -436,15 +474,12 @@ def _moe_gemv_kernel(
     num_post = tl.load(num_post_ptr)
     nblk = num_post // BLOCK_M
     BK8: tl.constexpr = BLOCK_K // 8
-    BKG: tl.constexpr = BLOCK_K // GROUP
     WPG: tl.constexpr = GROUP // 8
     ar = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     offs_j = tl.arange(0, BK8)
-    offs_g = tl.arange(0, BKG)
     KW = K // 8
-    KG = tl.cdiv(K, GROUP)
     nk = tl.cdiv(KW, BK8)
     for mb in range(tl.program_id(1), nblk, tl.num_programs(1)):
         offs_m = mb * BLOCK_M + ar
@@ -462,7 +497,8 @@ def _moe_gemv_kernel(
         r2 = tl.sum(tl.where(ar == 2, xr, 0), axis=0)
         r3 = tl.sum(tl.where(ar == 3, xr, 0), axis=0)
         w_base = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-        s_base = s_ptr + e * stride_se + offs_n[:, None].to(tl.int64) * stride_sn
+        # rows past N: clamped (their scale loads are unmasked on the asm path)
+        s_base = s_ptr + e * stride_se + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_sn
         wu_base = w_base + up_offset * stride_wn
         su_base = s_base + up_offset * stride_sn
 
@@ -475,18 +511,17 @@ def _moe_gemv_kernel(
         u2 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
         u3 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
         # register pipeline: tiles k0 + 1 .. k0 + PREFETCH - 1 are in flight
-        wa, sa = _gemv_ld(w_base, s_base, 0, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk, BK8, BKG)
+        wa, sa = _gemv_ld(w_base, s_base, 0, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
         wua = wa
         sua = sa
         if GATED:
-            wua, sua = _gemv_ld(wu_base, su_base, 0, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk, BK8, BKG)
+            wua, sua = _gemv_ld(wu_base, su_base, 0, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
         if PREFETCH > 2:
-            wb, sb = _gemv_ld(w_base, s_base, 1, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk, BK8, BKG)
+            wb, sb = _gemv_ld(w_base, s_base, 1, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
             wub = wb
             sub = sb
             if GATED:
-                wub, sub = _gemv_ld(wu_base, su_base, 1, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk,
-                                    BK8, BKG)
+                wub, sub = _gemv_ld(wu_base, su_base, 1, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
         for k0 in range(0, nk):
             w = wa
             s = sa
@@ -497,52 +532,52 @@ def _moe_gemv_kernel(
                 sa = sb
                 wua = wub
                 sua = sub
-                wb, sb = _gemv_ld(w_base, s_base, k0 + 2, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk,
-                                  BK8, BKG)
+                wb, sb = _gemv_ld(w_base, s_base, k0 + 2, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
                 wub = wb
                 sub = sb
                 if GATED:
-                    wub, sub = _gemv_ld(wu_base, su_base, k0 + 2, offs_j, offs_g, mask_n, KW, KG, stride_wk,
-                                        stride_sk, BK8, BKG)
+                    wub, sub = _gemv_ld(wu_base, su_base, k0 + 2, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
             elif PREFETCH > 1:
-                wa, sa = _gemv_ld(w_base, s_base, k0 + 1, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk,
-                                  BK8, BKG)
+                wa, sa = _gemv_ld(w_base, s_base, k0 + 1, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
                 wua = wa
                 sua = sa
                 if GATED:
-                    wua, sua = _gemv_ld(wu_base, su_base, k0 + 1, offs_j, offs_g, mask_n, KW, KG, stride_wk,
-                                        stride_sk, BK8, BKG)
+                    wua, sua = _gemv_ld(wu_base, su_base, k0 + 1, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
             else:
-                wa, sa = _gemv_ld(w_base, s_base, k0 + 1, offs_j, offs_g, mask_n, KW, KG, stride_wk, stride_sk,
-                                  BK8, BKG)
-                wua = wa
-                sua = sa
-                if GATED:
-                    wua, sua = _gemv_ld(wu_base, su_base, k0 + 1, offs_j, offs_g, mask_n, KW, KG, stride_wk,
-                                        stride_sk, BK8, BKG)
+                # no prefetch: each tile is loaded right before use (one-tile
+                # configs, BLOCK_K >= K, where every load is in flight at once)
+                if k0 + 1 < nk:
+                    wa, sa = _gemv_ld(w_base, s_base, k0 + 1, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8,
+                                      WPG, USE_ASM)
+                    wua = wa
+                    sua = sa
+                    if GATED:
+                        wua, sua = _gemv_ld(wu_base, su_base, k0 + 1, offs_j, mask_n, KW, stride_wk, stride_sk, FMT,
+                                            BK8, WPG, USE_ASM)
             kw = k0 * BK8 + offs_j
             mask_k = kw < KW
-            q = _gemv_dq(w, s, FMT, USE_ASM, INTERP, BLOCK_N, BK8, WPG)
+            kwc = tl.minimum(kw, KW - 1)
+            q = _gemv_dq(w, s, FMT, USE_ASM, INTERP)
             if GATED:
-                qu = _gemv_dq(wu, su, FMT, USE_ASM, INTERP, BLOCK_N, BK8, WPG)
-            xs = _x_planes(x_ptr, r0, kw, mask_k, BK8)
+                qu = _gemv_dq(wu, su, FMT, USE_ASM, INTERP)
+            xs = _x_planes(x_ptr, r0, kw, kwc, mask_k, stride_xk, USE_ASM)
             a0 = _fma8(a0, q, xs)
             if GATED:
                 u0 = _fma8(u0, qu, xs)
             if BLOCK_M > 1:
                 if cnt > 1:
-                    xs = _x_planes(x_ptr, r1, kw, mask_k, BK8)
+                    xs = _x_planes(x_ptr, r1, kw, kwc, mask_k, stride_xk, USE_ASM)
                     a1 = _fma8(a1, q, xs)
                     if GATED:
                         u1 = _fma8(u1, qu, xs)
             if BLOCK_M > 2:
                 if cnt > 2:
-                    xs = _x_planes(x_ptr, r2, kw, mask_k, BK8)
+                    xs = _x_planes(x_ptr, r2, kw, kwc, mask_k, stride_xk, USE_ASM)
                     a2 = _fma8(a2, q, xs)
                     if GATED:
                         u2 = _fma8(u2, qu, xs)
                 if cnt > 3:
-                    xs = _x_planes(x_ptr, r3, kw, mask_k, BK8)
+                    xs = _x_planes(x_ptr, r3, kw, kwc, mask_k, stride_xk, USE_ASM)
                     a3 = _fma8(a3, q, xs)
                     if GATED:
                         u3 = _fma8(u3, qu, xs)
@@ -604,8 +639,9 @@ def _combine_kernel(buf_ptr, ids_ptr, out_ptr, top_k, H, num_local, rsf,
 class W4A16Weights:
     """Expert weights of one MoE layer in either format.
 
-    w: int32 view [E, N, K/8] with arbitrary strides (ModelOpt's uint8
-    [E, N, K/2] viewed as int32, or compressed-tensors' [E, K/8, N] transposed);
+    w: int32 [E, N, K/8] (ModelOpt's uint8 [E, N, K/2] viewed as int32, or
+    compressed-tensors' [E, K/8, N] repacked by make_weights); any strides work,
+    rows of contiguous words are what the decode kernel reads fastest;
     s: scales [E, N, K/group] with arbitrary strides (uint8 e4m3 bits or bf16);
     g: fp32 per-expert global scale [E] (ones for int4).
     """
@@ -637,18 +673,21 @@ def _as_words(w: torch.Tensor, kn: bool) -> torch.Tensor:
         assert not kn, "uint8 weights are [E, N, K/2]"
         return w.view(torch.int32)
     assert w.dtype == torch.int32
-    return w.transpose(1, 2) if kn else w
+    # compressed-tensors [E, K/8, N]: repacked once to [E, N, K/8] (rows with
+    # contiguous words, as ModelOpt's), which the decode kernel reads coalesced
+    return w.transpose(1, 2).contiguous() if kn else w
 
 
 def _as_scales(s: torch.Tensor, kn: bool) -> torch.Tensor:
     if s.dtype == torch.float8_e4m3fn:
         s = s.view(torch.uint8)
-    return s.transpose(1, 2) if kn else s
+    return s.transpose(1, 2).contiguous() if kn else s
 
 
 def make_weights(fmt, w13, s13, w2, s2, g13=None, g2=None, kn=False) -> W4A16Weights:
     """Wrap checkpoint tensors. kn=True: compressed-tensors as SGLang loads it
-    ([E, K/8, N] words, [E, K/32, N] scales)."""
+    ([E, K/8, N] words, [E, K/32, N] scales), repacked here to [E, N, K/8] and
+    [E, N, K/32] contiguous (a copy: the caller drops the originals)."""
     assert fmt in FORMATS
     w13v, w2v = _as_words(w13, kn), _as_words(w2, kn)
     e = w13v.shape[0]
@@ -933,12 +972,12 @@ def _c(kernel, bm, bn, bk, w, st, prefetch=None):
 
 
 TUNE_FAMILIES = {
-    "fma": ([_c("fma", 4, 16, 256, 4, 1, 3), _c("fma", 4, 16, 128, 4, 1, 3), _c("fma", 4, 32, 128, 4, 1, 3),
-             _c("fma", 4, 16, 256, 4, 1, 2)],
-            [_c("fma", 4, 16, 256, 4, 1, 3), _c("fma", 4, 32, 128, 4, 1, 3), _c("fma", 4, 16, 128, 4, 1, 3),
-             _c("fma", 4, 32, 256, 4, 1, 2)]),
-    "mma": ([_c("mma", 16, 32, 128, 4, 4), _c("mma", 16, 64, 128, 8, 3)],
-            [_c("mma", 16, 64, 128, 8, 3), _c("mma", 16, 32, 128, 4, 4)]),
+    # decode (CUDA cores). Small per-thread tiles with the words of the next two
+    # K tiles in flight won on the H200; one-tile programs (BLOCK_K >= K) keep
+    # the whole dequantised tile live and spill.
+    "fma": ([_c("fma", 4, 4, 512, 4, 1, 3), _c("fma", 4, 4, 512, 8, 1, 3), _c("fma", 4, 8, 512, 8, 1, 3)],
+            [_c("fma", 4, 16, 512, 4, 1, 3), _c("fma", 4, 8, 512, 4, 1, 3), _c("fma", 4, 16, 256, 4, 1, 3),
+             _c("fma", 4, 16, 512, 8, 1, 3), _c("fma", 4, 32, 512, 8, 1, 3)]),
 }
 
 

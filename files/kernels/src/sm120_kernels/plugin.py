@@ -247,9 +247,16 @@ def _ct_weights(method, layer):
         return None
     if not getattr(method, "sym", True) or getattr(method, "actorder", None):
         return None
-    # SGLang loads compressed-tensors MoE weights transposed: [E, K/8, N]
-    return make_weights("int4", layer.w13_weight_packed.data, layer.w13_weight_scale.data,
-                        layer.w2_weight_packed.data, layer.w2_weight_scale.data, kn=True)
+    # SGLang loads compressed-tensors MoE weights transposed: [E, K/8, N];
+    # make_weights repacks them to [E, N, K/8]. The layer's parameters become
+    # views of the repacked tensors (same shapes), so the originals are freed.
+    W = make_weights("int4", layer.w13_weight_packed.data, layer.w13_weight_scale.data,
+                     layer.w2_weight_packed.data, layer.w2_weight_scale.data, kn=True)
+    layer.w13_weight_packed.data = W.w13.transpose(1, 2)
+    layer.w13_weight_scale.data = W.s13.transpose(1, 2)
+    layer.w2_weight_packed.data = W.w2.transpose(1, 2)
+    layer.w2_weight_scale.data = W.s2.transpose(1, 2)
+    return W
 
 
 def _around_process_weights(original, self, layer, *args, **kwargs):
