@@ -103,20 +103,21 @@ class Metrics:
         self.running = 0
         self.scheduler.log_stats(mc.SchedulerStats())
 
-    def request(self, prompt_tokens: int, generation_tokens: int, latency: float, disagg_mode: str):
+    def request(self, prompt_tokens: int, generation_tokens: int, latency: float, disagg_mode: str,
+                cached_tokens: int = 0):
         if not self.enabled:
             return
         with self.lock:
             mc = self.mc
             self.tokenizer.observe_one_finished_request(
                 self.labels, prompt_tokens=prompt_tokens, generation_tokens=generation_tokens,
-                cached_tokens=0, e2e_latency=latency, has_grammar=False)
+                cached_tokens=cached_tokens, e2e_latency=latency, has_grammar=False)
             self.tokenizer.observe_time_to_first_token(self.labels, latency / 2, stream=False)
             self.tokenizer.observe_inter_token_latency(self.labels, latency / 2, max(generation_tokens, 1))
             stats = mc.SchedulerStats()
             stats.gen_throughput = generation_tokens / max(latency, 1e-3)
             stats.token_usage = 0.01
-            stats.cache_hit_rate = 0.0
+            stats.cache_hit_rate = cached_tokens / max(prompt_tokens, 1)
             self.scheduler.log_stats(stats)
             if disagg_mode in ("prefill", "decode"):
                 self.scheduler.observe_kv_transfer_metrics(
@@ -135,6 +136,15 @@ class Metrics:
 # ----------------------------------------------------------------------------- answers
 FACT = re.compile(r"\b(?:my|the|our)\s+([a-z][a-z ]{0,30}?)\s+(?:is|was)\s+[\"']?([A-Za-z0-9][\w.-]*)", re.I)
 QUESTION = re.compile(r"\bwhat(?:'s| is| was)\s+(?:my|the|our)\s+([a-z][a-z ]{0,30}?)\s*\??$", re.I)
+
+
+def _common_prefix(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _text(content) -> str:
@@ -202,6 +212,7 @@ class Engine:
         self.mode = str(server_args.disaggregation_mode or "null")
         self.model = server_args.served_model_name or server_args.model_path
         self.requests = 0
+        self.seen_prompts: list = []
 
     def healthy(self) -> bool:
         ctl = self.control.get()
@@ -240,15 +251,17 @@ class Engine:
         if thinking_requested(body) and self.sa.reasoning_parser:
             message["reasoning_content"] = ("The user asked something; I look at the whole "
                                             "conversation before answering.")
-        prompt_tokens = sum(len(_text(m.get("content")).split()) for m in messages)
+        words = [w for m in messages for w in _text(m.get("content")).split()]
+        prompt_tokens = len(words)
         completion_tokens = len((message["content"] or json.dumps(message.get("tool_calls"))).split())
-        self._count(prompt_tokens, completion_tokens, started)
+        cached = self._count(words, completion_tokens, started)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": body.get("model") or self.model,
                 "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
                              "matched_stop": None}],
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens},
+                          "total_tokens": prompt_tokens + completion_tokens,
+                          "prompt_tokens_details": {"cached_tokens": cached}},
                 "metadata": {"engine": self.name, "mode": self.mode}}
 
     def generate(self, body: dict) -> dict:
@@ -256,16 +269,23 @@ class Engine:
         text = body.get("text") or ""
         prompt = text if isinstance(text, str) else json.dumps(text)
         reply = answer([{"role": "user", "content": prompt}])
-        self._count(len(prompt.split()), len(reply.split()), started)
+        cached = self._count(prompt.split(), len(reply.split()), started)
         return {"text": reply, "meta_info": {"id": uuid.uuid4().hex, "finish_reason": {"type": "stop"},
                                              "prompt_tokens": len(prompt.split()),
                                              "completion_tokens": len(reply.split()),
-                                             "cached_tokens": 0, "e2e_latency": time.monotonic() - started,
+                                             "cached_tokens": cached, "e2e_latency": time.monotonic() - started,
                                              "engine": self.name, "mode": self.mode}}
 
-    def _count(self, prompt_tokens: int, completion_tokens: int, started: float) -> None:
+    def _count(self, words: list, completion_tokens: int, started: float) -> int:
+        """Count a finished request; returns its cached tokens: the longest prefix (in words)
+        it shares with an earlier prompt, as a radix cache would reuse it."""
         self.requests += 1
-        self.metrics.request(prompt_tokens, completion_tokens, time.monotonic() - started + 1e-3, self.mode)
+        cached = max((_common_prefix(words, seen) for seen in self.seen_prompts), default=0)
+        self.seen_prompts.append(words)
+        del self.seen_prompts[:-256]
+        self.metrics.request(len(words), completion_tokens, time.monotonic() - started + 1e-3, self.mode,
+                             cached_tokens=cached)
+        return cached
 
 
 def _sglang_version() -> str:
