@@ -43,6 +43,15 @@ def test_inventory_passes_engine_and_topology_checks(inventory: Path) -> None:
     assert errors == []
 
 
+@pytest.mark.parametrize("inventory", INVENTORIES[:-1], ids=[p.name for p in INVENTORIES[:-1]])
+def test_examples_install_the_driver_on_every_engine_host(inventory: Path) -> None:
+    """site.yml's driver and CUDA play runs on nvidia_gpu_hosts; in the examples that is every engine host."""
+    _, manager = host_vars(inventory)
+    engine_hosts = {h.name for h in manager.groups["sglang_engine_hosts"].get_hosts()}
+    gpu_hosts = {h.name for h in manager.groups["nvidia_gpu_hosts"].get_hosts()}
+    assert engine_hosts and engine_hosts <= gpu_hosts
+
+
 def test_checks_catch_an_overlap_in_an_example() -> None:
     """The same checks fail when an example is broken (the test above can fail)."""
     hostvars, _ = host_vars(REPO / "inventory/examples/single-node-pd")
