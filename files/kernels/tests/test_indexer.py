@@ -187,6 +187,8 @@ LOGITS_SIG = {
     "out_ptr": "*fp32",
     "max_len": "i32",
     "pages_per_prog": "i32",
+    "n_sp": "i32",
+    "n_items": "i32",
     "stride_qb": "i32",
     "stride_qn": "i32",
     "stride_qh": "i32",
@@ -235,7 +237,8 @@ def test_shipped_configs_compile_for_sm120(fname, key, cfg, next_n, ctx_2d):
             I._mqa_logits_kernel,
             LOGITS_SIG,
             {"NEXT_N": next_n, "H": 64, "D": 128, "PAGE": 64, "CTX_2D": ctx_2d, "PREFETCH": bool(cfg["prefetch"]),
-             "PPI": int(cfg.get("pages_per_iter", 1))},
+             "PPI": int(cfg.get("pages_per_iter", 1)), "SWAP": bool(cfg.get("swap", False)),
+             "PERSIST": int(cfg.get("persist", 0)) > 0},
             cfg["num_warps"],
             cfg["num_stages"],
         )

@@ -124,6 +124,29 @@ FINISH_SIG = {
 }
 
 
+PRE_FUSED_SIG = {
+    "x_ptr": "*bf16",
+    "fn_ptr": "*fp32",
+    "scale_ptr": "*fp32",
+    "base_ptr": "*fp32",
+    "red_ptr": "*fp32",
+    "sync_ptr": "*i32",
+    "y_ptr": "*bf16",
+    "post_ptr": "*fp32",
+    "comb_ptr": "*fp32",
+    "n": "i32",
+    "D": "i32",
+    "stride_xn": "i32",
+    "stride_xk": "i32",
+    "stride_fn": "i32",
+    "stride_yn": "i32",
+    "inv_k": "fp32",
+    "rms_eps": "fp32",
+    "hc_eps": "fp32",
+    "post_mult": "fp32",
+}
+
+
 def _shipped_mhc_configs():
     root = resources.files("sm120_kernels").joinpath("configs")
     out = []
@@ -150,6 +173,26 @@ def _cases():
 def test_shipped_configs_compile_for_sm120(fname, key, cfg, do_post):
     from sm120_compile_util import SM120_SHARED_LIMIT, compile_sm120
 
+    if key == "pre_fused":
+        # every column width the plan can pick on sm_120 (188 SMs) for n <= max_rows, hidden 4096
+        shapes = [M._fused_shape(n, M.HIDDEN, 188, cfg) for n in range(1, cfg["max_rows"] + 1)]
+        assert all(shapes)
+        widths = sorted({sh[1] for sh in shapes})
+        for cw in widths:
+            bm = min(cfg["block_m"], 64)
+            r = compile_sm120(
+                M._mhc_pre_fused_kernel,
+                PRE_FUSED_SIG,
+                {"HC": 4, "MIX": 24, "MIXP": 32, "BM": bm, "CW": cw, "BD": min(cfg["block_d"], cw),
+                 "GK": M.HIDDEN // cw, "RED_ROWS": M._RED_ROWS, "ITERS": 20, "PHASE": 3, "DOT_BF16": True,
+                 "PIPE": cfg.get("pipe", 0)},
+                cfg["num_warps"],
+                max(1, cfg.get("pipe", 0)),
+            )
+            assert r["shared"] <= SM120_SHARED_LIMIT, (cw, r["shared"])
+            assert r["spills"] == 0, (cw, r["report"])
+            assert r["stack"] == 0, (cw, r["report"])
+        return
     if key == "finish":
         r = compile_sm120(
             M._mhc_finish_kernel,
@@ -188,3 +231,34 @@ def test_shipped_configs_compile_for_sm120(fname, key, cfg, do_post):
 def test_gpu_real_shapes(n):
     res = M.check_case(n, M.HIDDEN, "cuda", seed=n)
     assert res["ok"], res
+
+
+@gpu
+def test_gpu_pre_fused_repeated_calls():
+    """The one-launch pre's buffers and barrier words are reused across calls
+    (and alternate between two buffers): changing n, eager and graph replays,
+    every call stays right."""
+    ins = {n: M.make_inputs(n, M.HIDDEN, device="cuda", seed=40 + n) for n in (1, 16, 33, 64)}
+    refs = {n: M.mhc_pre_ref(r, fn, sc, b, M.RMS_EPS, M.HC_EPS) for n, (r, _, fn, sc, b, _, _) in ins.items()}
+    for it in range(200):
+        n = (1, 16, 33, 64)[it % 4]
+        r, _, fn, sc, b, _, _ = ins[n]
+        y, p, c = M.mhc_pre(r, fn, sc, b, M.RMS_EPS, M.HC_EPS)
+        if it % 7 == 0 or it > 190:
+            ry, rp, rc = refs[n]
+            assert M.rel_err(y, ry) < TOL and M.rel_err(p, rp) < 1e-5 and M.rel_err(c, rc) < 1e-5, (it, n)
+    r, _, fn, sc, b, _, _ = ins[64]
+    out = {}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out["v"] = M.mhc_pre(r, fn, sc, b, M.RMS_EPS, M.HC_EPS)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out["v"] = M.mhc_pre(r, fn, sc, b, M.RMS_EPS, M.HC_EPS)
+    for _ in range(51):
+        g.replay()
+    torch.cuda.synchronize()
+    ry, rp, rc = refs[64]
+    assert M.rel_err(out["v"][0], ry) < TOL and M.rel_err(out["v"][2], rc) < 1e-5

@@ -67,7 +67,9 @@ DEFAULT_TOPK_CONFIG = {"block": 2048, "num_warps": 8, "waves": 4}
 
 
 @triton.jit
-def _mqa_logits_kernel(
+def _mqa_logits_item(
+    b,
+    sp,
     q_ptr,
     kv8_ptr,
     kv32_ptr,
@@ -91,10 +93,10 @@ def _mqa_logits_kernel(
     PAGE: tl.constexpr,
     CTX_2D: tl.constexpr,
     PREFETCH: tl.constexpr,
-    PPI: tl.constexpr = 1,
+    PPI: tl.constexpr,
+    SWAP: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
-    sp = tl.program_id(1)
+    """Logits of batch row b, pages [sp * pages_per_prog, ...)."""
     M: tl.constexpr = NEXT_N * H
     PAGE_U8: tl.constexpr = PAGE * (D + 4)
     PAGE_F32: tl.constexpr = PAGE_U8 // 4
@@ -129,7 +131,7 @@ def _mqa_logits_kernel(
 
     # Pages that hold visible keys.
     p_stop = tl.minimum(p_end, n_valid_pages)
-    if PPI > 1:
+    if PPI > 1 and not SWAP:
         # PPI pages (PPI * 64 keys) per iteration: a wider dot and more bytes
         # in flight per step; Triton pipelines the loop (num_stages).
         BN: tl.constexpr = PPI * PAGE
@@ -149,7 +151,7 @@ def _mqa_logits_kernel(
             pos = g * PAGE + offs_j
             logit = tl.where(pos[None, :] < lens[:, None], logit, float("-inf"))
             tl.store(out_rows + pos[None, :], logit, mask=okp[None, :] & (pos[None, :] < max_len))
-    elif PREFETCH:
+    elif PREFETCH and not SWAP:
         # Register double buffering: the next page's keys are in flight while
         # this page's dot runs (the loop is not pipelined through shared
         # memory on sm_120, where the fp8 operand goes straight to registers).
@@ -171,6 +173,33 @@ def _mqa_logits_kernel(
             pos = p * PAGE + offs_t
             logit = tl.where(pos[None, :] < lens[:, None], logit, float("-inf"))
             tl.store(out_rows + pos[None, :], logit, mask=(pos[None, :] < max_len))
+    elif SWAP:
+        # keys as the MMA's M side (PPI pages per dot): the head sum runs
+        # along N, inside each warp (no cross-warp reduction per page)
+        qt = tl.trans(q)  # [D, M]
+        BN: tl.constexpr = PPI * PAGE
+        offs_j = tl.arange(0, BN)
+        jp = offs_j // PAGE
+        jt = offs_j % PAGE
+        for g in range(p_begin, p_stop, PPI):
+            if PPI == 1:
+                page = tl.load(bt_row + g).to(tl.int64)
+                k = tl.load(kv8_ptr + page * PAGE_U8 + offs_t[:, None] * D + offs_d[None, :])
+                sc = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + offs_t)
+                okp = offs_t >= 0
+            else:
+                pidx = g + jp
+                okp = pidx < p_stop
+                page = tl.load(bt_row + pidx, mask=okp, other=0).to(tl.int64)
+                k = tl.load(kv8_ptr + page[:, None] * PAGE_U8 + jt[:, None] * D + offs_d[None, :], mask=okp[:, None], other=0.0)
+                sc = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + jt, mask=okp, other=0.0)
+            s = tl.dot(k, qt)  # [BN, M] fp32
+            s = tl.maximum(s, 0.0) * w[None, :]
+            s3 = tl.reshape(s, (BN, NEXT_N, H))
+            logit = tl.trans(tl.sum(s3, axis=2) * sc[:, None])  # [NEXT_N, BN]
+            pos = g * PAGE + offs_j
+            logit = tl.where(pos[None, :] < lens[:, None], logit, float("-inf"))
+            tl.store(out_rows + pos[None, :], logit, mask=okp[None, :] & (pos[None, :] < max_len))
     else:
         for p in range(p_begin, p_stop):
             page = tl.load(bt_row + p).to(tl.int64)
@@ -189,6 +218,49 @@ def _mqa_logits_kernel(
     for p in range(tl.maximum(p_begin, n_valid_pages), p_end):
         pos = p * PAGE + offs_t
         tl.store(out_rows + pos[None, :], neg, mask=(pos[None, :] < max_len))
+
+
+
+
+@triton.jit
+def _mqa_logits_kernel(
+    q_ptr,
+    kv8_ptr,
+    kv32_ptr,
+    w_ptr,
+    ctx_ptr,
+    bt_ptr,
+    out_ptr,
+    max_len,
+    pages_per_prog,
+    n_sp,
+    n_items,
+    stride_qb,
+    stride_qn,
+    stride_qh,
+    stride_wr,
+    stride_cb,
+    stride_cn,
+    stride_bt,
+    stride_out,
+    NEXT_N: tl.constexpr,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    CTX_2D: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PPI: tl.constexpr = 1,
+    SWAP: tl.constexpr = False,
+    PERSIST: tl.constexpr = False,
+):
+    if PERSIST:
+        # a fixed grid walks the (row, page chunk) items: no partial last wave
+        for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+            _mqa_logits_item(
+                (item // n_sp).to(tl.int64), item % n_sp, q_ptr, kv8_ptr, kv32_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, max_len, pages_per_prog, stride_qb, stride_qn, stride_qh, stride_wr, stride_cb, stride_cn, stride_bt, stride_out, NEXT_N, H, D, PAGE, CTX_2D, PREFETCH, PPI, SWAP
+            )
+    else:
+        _mqa_logits_item(tl.program_id(0).to(tl.int64), tl.program_id(1), q_ptr, kv8_ptr, kv32_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, max_len, pages_per_prog, stride_qb, stride_qn, stride_qh, stride_wr, stride_cb, stride_cn, stride_bt, stride_out, NEXT_N, H, D, PAGE, CTX_2D, PREFETCH, PPI, SWAP)
 
 
 def _kv_views(kv_cache: torch.Tensor):
@@ -307,7 +379,13 @@ def paged_mqa_logits(
     target = int(cfg.get("waves", 4)) * _num_sms(q.device)
     ppp = max(ppi, min(int(cfg["max_pages_per_prog"]), (batch * n_out_pages) // target))
     ppp = triton.cdiv(ppp, ppi) * ppi
-    grid = (batch, triton.cdiv(n_out_pages, ppp))
+    n_sp = triton.cdiv(n_out_pages, ppp)
+    persist = int(cfg.get("persist", 0))  # programs per SM when > 0
+    if persist > 0 and batch * n_sp > persist * _num_sms(q.device):
+        grid = (persist * _num_sms(q.device), 1)
+    else:
+        persist = 0
+        grid = (batch, n_sp)
     _mqa_logits_kernel[grid](
         q,
         kv8,
@@ -318,6 +396,8 @@ def paged_mqa_logits(
         out,
         max_context_len,
         ppp,
+        n_sp,
+        batch * n_sp,
         q.stride(0),
         q.stride(1),
         q.stride(2),
@@ -333,6 +413,8 @@ def paged_mqa_logits(
         CTX_2D=ctx_2d,
         PREFETCH=bool(cfg["prefetch"]),
         PPI=ppi,
+        SWAP=bool(cfg.get("swap", False)),
+        PERSIST=persist > 0,
         num_warps=int(cfg["num_warps"]),
         num_stages=int(cfg["num_stages"]),
     )

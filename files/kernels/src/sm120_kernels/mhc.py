@@ -38,6 +38,11 @@ DEFAULT_STAGE1_CONFIG = {"block_m": 16, "chunk_d": 64, "block_d": 16, "num_warps
 DEFAULT_FUSED_CONFIG = {"block_m": 16, "chunk_d": 64, "block_d": 8, "num_warps": 4}
 DEFAULT_FINISH_CONFIG = {"block_d": 1024, "num_warps": 4}
 DEFAULT_POST_CONFIG = {"block_m": 1, "chunk_d": 512, "block_d": 512, "num_warps": 4}
+# one-launch pre for decode batches (n <= max_rows): row blocks of block_m,
+# columns per program: the smallest power of two >= min_cols that keeps the
+# grid within one program per SM; GEMM in sub-blocks of block_d columns,
+# a loop Triton pipelines with pipe stages (0: unrolled)
+DEFAULT_PRE_FUSED_CONFIG = {"max_rows": 64, "block_m": 16, "min_cols": 32, "block_d": 32, "num_warps": 4, "pipe": 3}
 
 
 @triton.jit
@@ -225,6 +230,269 @@ def _mhc_finish_kernel(
     tl.store(y_ptr + t * stride_yn + cols, _round_bf16(y).to(tl.bfloat16), mask=cmask)
 
 
+@triton.jit
+def _norm4(a, b, c, d, eps):
+    t = a + b + c + d + eps
+    return tl.math.fdiv(a, t), tl.math.fdiv(b, t), tl.math.fdiv(c, t), tl.math.fdiv(d, t)
+
+
+@triton.jit
+def _softmax4(a, b, c, d, eps):
+    m = tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
+    a = tl.exp(a - m)
+    b = tl.exp(b - m)
+    c = tl.exp(c - m)
+    d = tl.exp(d - m)
+    t = a + b + c + d
+    return tl.math.fdiv(a, t) + eps, tl.math.fdiv(b, t) + eps, tl.math.fdiv(c, t) + eps, tl.math.fdiv(d, t) + eps
+
+
+@triton.jit
+def _mhc_row_mix(
+    pr,  # this row's reduced mixes (MIX values, then the sum of squares)
+    scale_ptr,
+    base_ptr,
+    post_ptr,
+    comb_ptr,
+    row,
+    inv_k,
+    rms_eps,
+    hc_eps,
+    post_mult,
+    ITERS: tl.constexpr,
+    HC: tl.constexpr,
+    MIX: tl.constexpr,
+):
+    """post and the Sinkhorn comb of one row. The 4 x 4 matrix is held as 16
+    scalars, so no step needs a cross-thread reduction (the old finish
+    kernel spent most of its time in those)."""
+    hk = tl.arange(0, HC)
+    rs = 1.0 / tl.sqrt(tl.load(pr + MIX, cache_modifier=".cg") * inv_k + rms_eps)
+    praw = tl.load(pr + HC + hk, cache_modifier=".cg")
+    s2 = tl.load(scale_ptr + 2) * rs
+    cb = base_ptr + 2 * HC
+    q = pr + 2 * HC
+    c00 = tl.load(q + 0, cache_modifier=".cg") * s2 + tl.load(cb + 0)
+    c01 = tl.load(q + 1, cache_modifier=".cg") * s2 + tl.load(cb + 1)
+    c02 = tl.load(q + 2, cache_modifier=".cg") * s2 + tl.load(cb + 2)
+    c03 = tl.load(q + 3, cache_modifier=".cg") * s2 + tl.load(cb + 3)
+    c10 = tl.load(q + 4, cache_modifier=".cg") * s2 + tl.load(cb + 4)
+    c11 = tl.load(q + 5, cache_modifier=".cg") * s2 + tl.load(cb + 5)
+    c12 = tl.load(q + 6, cache_modifier=".cg") * s2 + tl.load(cb + 6)
+    c13 = tl.load(q + 7, cache_modifier=".cg") * s2 + tl.load(cb + 7)
+    c20 = tl.load(q + 8, cache_modifier=".cg") * s2 + tl.load(cb + 8)
+    c21 = tl.load(q + 9, cache_modifier=".cg") * s2 + tl.load(cb + 9)
+    c22 = tl.load(q + 10, cache_modifier=".cg") * s2 + tl.load(cb + 10)
+    c23 = tl.load(q + 11, cache_modifier=".cg") * s2 + tl.load(cb + 11)
+    c30 = tl.load(q + 12, cache_modifier=".cg") * s2 + tl.load(cb + 12)
+    c31 = tl.load(q + 13, cache_modifier=".cg") * s2 + tl.load(cb + 13)
+    c32 = tl.load(q + 14, cache_modifier=".cg") * s2 + tl.load(cb + 14)
+    c33 = tl.load(q + 15, cache_modifier=".cg") * s2 + tl.load(cb + 15)
+    post = post_mult * tl.sigmoid(praw * rs * tl.load(scale_ptr + 1) + tl.load(base_ptr + HC + hk))
+    tl.store(post_ptr + row * HC + hk, post)
+    # softmax over each row (comb[k, :]) + eps, then a column normalisation
+    c00, c01, c02, c03 = _softmax4(c00, c01, c02, c03, hc_eps)
+    c10, c11, c12, c13 = _softmax4(c10, c11, c12, c13, hc_eps)
+    c20, c21, c22, c23 = _softmax4(c20, c21, c22, c23, hc_eps)
+    c30, c31, c32, c33 = _softmax4(c30, c31, c32, c33, hc_eps)
+    c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, hc_eps)
+    c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, hc_eps)
+    c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, hc_eps)
+    c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, hc_eps)
+    for _ in range(ITERS - 1):
+        c00, c01, c02, c03 = _norm4(c00, c01, c02, c03, hc_eps)
+        c10, c11, c12, c13 = _norm4(c10, c11, c12, c13, hc_eps)
+        c20, c21, c22, c23 = _norm4(c20, c21, c22, c23, hc_eps)
+        c30, c31, c32, c33 = _norm4(c30, c31, c32, c33, hc_eps)
+        c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, hc_eps)
+        c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, hc_eps)
+        c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, hc_eps)
+        c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, hc_eps)
+    cp = comb_ptr + row * (HC * HC)
+    tl.store(cp + 0, c00)
+    tl.store(cp + 1, c01)
+    tl.store(cp + 2, c02)
+    tl.store(cp + 3, c03)
+    tl.store(cp + 4, c10)
+    tl.store(cp + 5, c11)
+    tl.store(cp + 6, c12)
+    tl.store(cp + 7, c13)
+    tl.store(cp + 8, c20)
+    tl.store(cp + 9, c21)
+    tl.store(cp + 10, c22)
+    tl.store(cp + 11, c23)
+    tl.store(cp + 12, c30)
+    tl.store(cp + 13, c31)
+    tl.store(cp + 14, c32)
+    tl.store(cp + 15, c33)
+
+
+@triton.jit
+def _pre_gemm_step(x_ptr, fn_ptr, rows64, rmask, c0, D, stride_xn, stride_xk, stride_fn, acc, sq,
+                   HC: tl.constexpr, MIX: tl.constexpr, MIXP: tl.constexpr, BD: tl.constexpr, DOT_BF16: tl.constexpr):
+    """One [BM, HC * BD] x [HC * BD, MIXP] step of the pre GEMM (+ sums of squares)."""
+    hk = tl.arange(0, HC)
+    mix = tl.arange(0, MIXP)
+    cols = c0 + tl.arange(0, BD)
+    cmask = cols < D
+    r = tl.load(
+        x_ptr + rows64[:, None, None] * stride_xn + hk[None, :, None] * stride_xk + cols[None, None, :],
+        mask=rmask[:, None, None] & cmask[None, None, :],
+        other=0.0,
+    ).to(tl.float32)  # [BM, HC, BD]
+    sq += tl.sum(tl.sum(r * r, axis=2), axis=1)
+    f = tl.load(
+        fn_ptr + mix[None, None, :] * stride_fn + hk[:, None, None] * D + cols[None, :, None],
+        mask=(mix[None, None, :] < MIX) & cmask[None, :, None],
+        other=0.0,
+    )
+    f2 = tl.reshape(f, (HC * BD, MIXP))
+    if DOT_BF16:
+        f_hi = f2.to(tl.bfloat16)
+        f_lo = (f2 - f_hi.to(tl.float32)).to(tl.bfloat16)
+        r2 = tl.reshape(r, (r.shape[0], HC * BD)).to(tl.bfloat16)
+        acc = tl.dot(r2, f_hi, acc)
+        acc = tl.dot(r2, f_lo, acc)
+    else:  # Triton's interpreter: its bf16 dot is wrong; plain fp32
+        acc = tl.dot(tl.reshape(r, (r.shape[0], HC * BD)), f2, acc, input_precision="ieee")
+    return acc, sq
+
+
+@triton.jit
+def _mhc_pre_fused_kernel(
+    x_ptr,  # residual [n, HC, D] bf16
+    fn_ptr,  # [MIX, HC * D] fp32
+    scale_ptr,  # [3] fp32
+    base_ptr,  # [MIX] fp32
+    red_ptr,  # workspace [2, RED_ROWS, MIXP] fp32: mixes (+ sum of squares in column MIX), zero at rest
+    sync_ptr,  # workspace [2] int32: arrivals, generation (its parity picks the buffer)
+    y_ptr,  # out [n, D] bf16
+    post_ptr,  # out [n, HC] fp32
+    comb_ptr,  # out [n, HC, HC] fp32
+    n,
+    D,
+    stride_xn,
+    stride_xk,
+    stride_fn,
+    stride_yn,
+    inv_k,
+    rms_eps,
+    hc_eps,
+    post_mult,
+    HC: tl.constexpr,
+    MIX: tl.constexpr,
+    MIXP: tl.constexpr,
+    BM: tl.constexpr,
+    CW: tl.constexpr,
+    BD: tl.constexpr,
+    GK: tl.constexpr,
+    RED_ROWS: tl.constexpr,
+    ITERS: tl.constexpr,
+    PHASE: tl.constexpr,  # 3: one launch (grid barrier); 1 then 2: two launches (interpreter)
+    DOT_BF16: tl.constexpr,
+    PIPE: tl.constexpr = 0,
+):
+    """The whole mHC pre in one launch for decode batches. Program (rg, kj)
+    owns rows [rg*BM, rg*BM+BM) and columns [kj*CW, kj*CW+CW) of each stream:
+    its split-K GEMM tile (+ sums of squares) is added into the buffer of
+    this call (fp32 atomics); a grid barrier (every program is resident: the
+    grid is at most one program per SM); then each program collapses its
+    own columns with the reduced pre mixes, and program kj gets post and the
+    Sinkhorn comb of rows kj, kj+GK, ... of its group.
+
+    Two buffers alternate with the barrier generation: while one is
+    accumulated, the programs zero the other one for the next call, so both
+    are clean at rest without a memset launch."""
+    rg = tl.program_id(0)
+    kj = tl.program_id(1)
+    pid = rg * GK + kj
+    nprog = tl.num_programs(0) * GK
+    rows = rg * BM + tl.arange(0, BM)
+    rmask = rows < n
+    rows64 = rows.to(tl.int64)
+    hk = tl.arange(0, HC)
+    mix = tl.arange(0, MIXP)
+    col0 = kj * CW
+    cnt = sync_ptr
+    gen = sync_ptr + 1
+    RED: tl.constexpr = RED_ROWS * MIXP
+    if PHASE == 3:
+        g0 = tl.atomic_add(gen, 0, sem="acquire")
+        cur = g0 & 1
+    else:
+        cur = 0
+    red = red_ptr + cur * RED
+
+    if PHASE % 2 == 1:
+        acc = tl.zeros((BM, MIXP), tl.float32)
+        sq = tl.zeros((BM,), tl.float32)
+        if PIPE > 0:  # a loop Triton pipelines (num_stages): sub-blocks' loads in flight together
+            for dd in range(0, CW, BD):
+                acc, sq = _pre_gemm_step(x_ptr, fn_ptr, rows64, rmask, col0 + dd, D, stride_xn, stride_xk, stride_fn,
+                                         acc, sq, HC, MIX, MIXP, BD, DOT_BF16)
+        else:
+            for dd in tl.static_range(0, CW, BD):
+                acc, sq = _pre_gemm_step(x_ptr, fn_ptr, rows64, rmask, col0 + dd, D, stride_xn, stride_xk, stride_fn,
+                                         acc, sq, HC, MIX, MIXP, BD, DOT_BF16)
+        acc = tl.where(mix[None, :] == MIX, sq[:, None], acc)
+        tl.atomic_add(
+            red + rows[:, None] * MIXP + mix[None, :],
+            acc,
+            mask=rmask[:, None] & (mix[None, :] <= MIX),
+            sem="relaxed",
+        )
+        if PHASE == 3:
+            # clear this program's share of the other buffer (the next call's)
+            ZB: tl.constexpr = 64
+            other = red_ptr + (1 - cur) * RED
+            for z in range(pid * ZB, RED, nprog * ZB):
+                tl.store(other + z + tl.arange(0, ZB), tl.zeros((ZB,), tl.float32))
+
+    # this program's columns for the collapse (in flight across the barrier)
+    cols = col0 + tl.arange(0, CW)
+    cmask = cols < D
+    xc = tl.load(
+        x_ptr + rows64[:, None, None] * stride_xn + hk[None, :, None] * stride_xk + cols[None, None, :],
+        mask=rmask[:, None, None] & cmask[None, None, :],
+        other=0.0,
+    )
+
+    if PHASE == 3:
+        # grid barrier (sense reversal: the last to arrive resets the count
+        # and bumps the generation)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
+        if arrived == nprog - 1:
+            tl.atomic_xchg(cnt, 0, sem="relaxed")
+            tl.atomic_add(gen, 1, sem="release")
+        else:
+            g = tl.atomic_add(gen, 0, sem="acquire")
+            while g == g0:
+                g = tl.atomic_add(gen, 0, sem="acquire")
+        tl.debug_barrier()
+
+    if PHASE >= 2:
+        pr = red + rows[:, None] * MIXP
+        sq = tl.load(red + rows * MIXP + MIX, mask=rmask, other=0.0, cache_modifier=".cg")
+        praw = tl.load(pr + hk[None, :], mask=rmask[:, None], other=0.0, cache_modifier=".cg")  # [BM, HC]
+        rs = 1.0 / tl.sqrt(sq * inv_k + rms_eps)
+        pre = tl.sigmoid(praw * rs[:, None] * tl.load(scale_ptr) + tl.load(base_ptr + hk)[None, :]) + hc_eps
+        y = tl.sum(pre[:, :, None] * xc.to(tl.float32), axis=1)  # [BM, CW]
+        tl.store(
+            y_ptr + rows64[:, None] * stride_yn + cols[None, :],
+            _round_bf16(y).to(tl.bfloat16),
+            mask=rmask[:, None] & cmask[None, :],
+        )
+        for rr in range(kj, BM, GK):
+            row = rg * BM + rr
+            if row < n:
+                _mhc_row_mix(
+                    red + row * MIXP,
+                    scale_ptr, base_ptr, post_ptr, comb_ptr, row.to(tl.int64),
+                    inv_k, rms_eps, hc_eps, post_mult, ITERS, HC, MIX,
+                )
+
+
 def _resolve(name: str, default: dict, config: Optional[dict], device=None) -> dict:
     """Explicit config, else configs/mhc-<device>.json, else mhc-default.json."""
     if config is not None:
@@ -353,6 +621,81 @@ def _finish(residual, part, sq, n_chunks, hc_scale, hc_base, rms_eps, hc_eps, it
     return y, post, comb
 
 
+_WORKSPACE: dict = {}
+_RED_ROWS = 256  # rows the one-launch pre covers at most (config max_rows)
+
+
+def _workspace(device):
+    """Per-device buffers and barrier words of the one-launch pre, allocated
+    once and kept for the life of the process (CUDA graphs hold their
+    addresses): zero at rest, each call leaves them so. Calls on one device
+    must not run concurrently on two streams."""
+    key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
+    ws = _WORKSPACE.get(key)
+    if ws is None:
+        red = torch.zeros(2 * _RED_ROWS * 32, dtype=torch.float32, device=device)
+        sync = torch.zeros(2, dtype=torch.int32, device=device)
+        ws = _WORKSPACE[key] = (red, sync)
+    return ws
+
+
+def _fused_shape(n: int, d: int, sms: int, cfg: dict):
+    """(BM, CW, BD, GK, groups) of the one-launch pre, or None when n is past
+    max_rows or the grid would not fit one program per SM."""
+    if n > min(int(cfg["max_rows"]), _RED_ROWS):
+        return None
+    bm = min(int(cfg["block_m"]), max(16, triton.next_power_of_2(n)))
+    groups = triton.cdiv(n, bm)
+    cw = max(int(cfg["min_cols"]), 16)
+    while groups * triton.cdiv(d, cw) > sms and cw < d:
+        cw *= 2
+    gk = triton.cdiv(d, cw)
+    if gk * groups > sms:
+        return None
+    return bm, cw, min(int(cfg["block_d"]), cw), gk, groups
+
+
+def _fused_plan(n: int, d: int, hc: int, device, config: Optional[dict]):
+    """(BM, CW, BD, GK, groups, num_warps, cfg) for the one-launch pre, or None."""
+    from .indexer import _num_sms
+
+    cfg = _resolve("pre_fused", DEFAULT_PRE_FUSED_CONFIG, config, device)
+    shape = _fused_shape(n, d, _num_sms(device), cfg)
+    if shape is None:
+        return None
+    return (*shape, int(cfg["num_warps"]), cfg)
+
+
+def _pre_fused(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, iters, post_mult, plan, interp):
+    n, hc, d = residual.shape
+    bm, cw, bd, gk, groups, warps, plan_cfg = plan
+    mix = fn.shape[0]
+    mixp = 32
+    dev = residual.device
+    if interp:
+        red = torch.zeros(2 * _RED_ROWS * mixp, dtype=torch.float32, device=dev)
+        sync = torch.zeros(2, dtype=torch.int32, device=dev)
+    else:
+        red, sync = _workspace(dev)
+    if fn.dtype != torch.float32 or fn.stride(-1) != 1:
+        fn = fn.float().contiguous()
+    y = torch.empty(n, d, dtype=torch.bfloat16, device=dev)
+    post = torch.empty(n, hc, dtype=torch.float32, device=dev)
+    comb = torch.empty(n, hc, hc, dtype=torch.float32, device=dev)
+    args = (
+        residual, fn, hc_scale.float().contiguous(), hc_base.float().contiguous(), red, sync, y, post, comb,
+        n, d, residual.stride(0), residual.stride(1), fn.stride(0), y.stride(0),
+        1.0 / (hc * d), float(rms_eps), float(hc_eps), float(post_mult),
+    )
+    meta = dict(HC=hc, MIX=mix, MIXP=mixp, BM=bm, CW=cw, BD=bd, GK=gk, RED_ROWS=_RED_ROWS, ITERS=int(iters),
+                DOT_BF16=not interp, num_warps=warps, PIPE=int(plan_cfg.get("pipe", 0)))
+    if int(plan_cfg.get("pipe", 0)) > 0:
+        meta["num_stages"] = int(plan_cfg["pipe"])
+    for phase in ((1, 2) if interp else (3,)):
+        _mhc_pre_fused_kernel[(groups, gk)](*args, PHASE=phase, **meta)
+    return y, post, comb
+
+
 def mhc_pre(
     residual: torch.Tensor,
     fn: torch.Tensor,
@@ -374,6 +717,13 @@ def mhc_pre(
             torch.empty(0, hc, dtype=torch.float32, device=residual.device),
             torch.empty(0, hc, hc, dtype=torch.float32, device=residual.device),
         )
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    if os.environ.get("SM120_MHC_NO_FUSED") != "1" and (interp or residual.is_cuda) and hc == 4 and fn.shape[0] == 24:
+        plan = _fused_plan(n, d, hc, residual.device, None if config is None else config.get("pre_fused"))
+        if plan is not None:
+            out = _pre_fused(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult, plan, interp)
+            if out is not None:
+                return out
     _, part, sq, n_chunks = _stage1(residual, fn, config=config)
     return _finish(residual, part, sq, n_chunks, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult)
 
