@@ -97,18 +97,14 @@ def mhc_part(bw):
     no_fused(False)
 
     # ---- timings
+    base = dict(M.DEFAULT_PRE_FUSED_CONFIG)
     pre_cfgs = {
-        "A16_32_32_w4": {"block_m": 16, "min_cols": 32, "block_d": 32, "num_warps": 4},
-        "A16_32_32_w4_pipe2": {"block_m": 16, "min_cols": 32, "block_d": 32, "num_warps": 4, "pipe": 2},
-        "A16_32_32_w4_pipe3": {"block_m": 16, "min_cols": 32, "block_d": 32, "num_warps": 4, "pipe": 3},
-        "A16_32_32_w4_pipe4": {"block_m": 16, "min_cols": 32, "block_d": 32, "num_warps": 4, "pipe": 4},
-        "A16_32_16_w4_pipe4": {"block_m": 16, "min_cols": 32, "block_d": 16, "num_warps": 4, "pipe": 4},
-        "A16_32_32_w8_pipe4": {"block_m": 16, "min_cols": 32, "block_d": 32, "num_warps": 8, "pipe": 4},
-        "E32_32_32_w4_pipe3": {"block_m": 32, "min_cols": 32, "block_d": 32, "num_warps": 4, "pipe": 3},
-        "G64_32_32_w4": {"block_m": 64, "min_cols": 32, "block_d": 32, "num_warps": 4},
+        "default": dict(base),
+        "A16_pipe3_R1_all": {"max_rows": 64, "block_m": 16, "min_cols": 32, "block_d": 32, "num_warps": 4, "pipe": 3},
     }
-    # correctness of the pipelined variants
-    for name in ("A16_32_32_w4_pipe3", "A16_32_32_w4_pipe4", "E32_32_32_w4_pipe3"):
+    post_cfgs = {"p1_256_256_w2": {"block_m": 1, "chunk_d": 256, "block_d": 256, "num_warps": 2}}
+    # correctness of each variant
+    for name in pre_cfgs:
         for n in (1, 17, 64):
             res, x, fn, sc, base, post, comb = M.make_inputs(n, M.HIDDEN, device="cuda", seed=3 + n)
             y, p, c = M.mhc_pre(res, fn, sc, base, M.RMS_EPS, M.HC_EPS, config={"pre_fused": pre_cfgs[name]})
@@ -151,25 +147,17 @@ def mhc_part(bw):
 
 
 def indexer_part(bw):
-    for batch, nn in ((32, 1), (32, 2)):
+    for batch, nn in ((32, 1), (32, 2), (8, 1), (64, 1)):
         q, kv, w, ctx, bt, mx = I.make_inputs(batch, nn, [32768] * batch, seed=7, extra_pages=0)
         q, kv, w, ctx, bt = (t.to(dev) for t in (q, kv, w, ctx, bt))
         out = torch.empty(batch * nn, mx, device=dev)
         nbytes = batch * 32768 * 132 + q.numel() + w.numel() * 4 + out.numel() * 4
         base_cfg = I._resolve_config("logits" if nn == 1 else "logits_next_n2", I.DEFAULT_LOGITS_CONFIG, None, dev)
         ref = I.paged_mqa_logits(q, kv, w, ctx, bt, mx).clone()
-        if nn == 1:
+        if nn == 1 and batch == 32:
             rr = I.paged_mqa_logits_ref(q, kv, w, ctx, bt, mx)
             rec(kind="idx_check", variant="file", **I.compare_logits(ref, rr))
-        variants = {"file": base_cfg}
-        sw = {"prefetch": False, "swap": True, "pages_per_iter": 1}
-        if nn == 1:
-            variants["swap_w4_s3_p16"] = {**sw, "num_warps": 4, "num_stages": 3, "max_pages_per_prog": 16}
-            variants["swap_w4_s3_p12"] = {**sw, "num_warps": 4, "num_stages": 3, "max_pages_per_prog": 12}
-            variants["swap_w4_s3_p24_wv3"] = {**sw, "num_warps": 4, "num_stages": 3, "max_pages_per_prog": 24, "waves": 3}
-        else:
-            variants["swap_w4_s5_p16"] = {**sw, "num_warps": 4, "num_stages": 5, "max_pages_per_prog": 16}
-            variants["swap_w4_s5_p8"] = {**sw, "num_warps": 4, "num_stages": 5, "max_pages_per_prog": 8}
+        variants = {"file": base_cfg, "store_t": {**base_cfg, "store_t": True}}
         for name, cfg in variants.items():
             try:
                 o = I.paged_mqa_logits(q, kv, w, ctx, bt, mx, config=cfg)

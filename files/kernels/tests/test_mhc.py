@@ -177,21 +177,23 @@ def test_shipped_configs_compile_for_sm120(fname, key, cfg, do_post):
         # every column width the plan can pick on sm_120 (188 SMs) for n <= max_rows, hidden 4096
         shapes = [M._fused_shape(n, M.HIDDEN, 188, cfg) for n in range(1, cfg["max_rows"] + 1)]
         assert all(shapes)
-        widths = sorted({sh[1] for sh in shapes})
-        for cw in widths:
-            bm = min(cfg["block_m"], 64)
+        variants = set()
+        for n, (bm, cw, bd, gk, _groups) in enumerate(shapes, start=1):
+            eff = M._effective_cfg(n, cfg)
+            reps = max(1, min(eff.get("replicas", 1), M._RED_REPLICAS, gk))
+            variants.add((bm, cw, bd, gk, reps, eff.get("pipe", 0), eff["num_warps"]))
+        for bm, cw, bd, gk, reps, pipe, warps in sorted(variants):
             r = compile_sm120(
                 M._mhc_pre_fused_kernel,
                 PRE_FUSED_SIG,
-                {"HC": 4, "MIX": 24, "MIXP": 32, "BM": bm, "CW": cw, "BD": min(cfg["block_d"], cw),
-                 "GK": M.HIDDEN // cw, "RED_ROWS": M._RED_ROWS, "ITERS": 20, "PHASE": 3, "DOT_BF16": True,
-                 "PIPE": cfg.get("pipe", 0)},
-                cfg["num_warps"],
-                max(1, cfg.get("pipe", 0)),
+                {"HC": 4, "MIX": 24, "MIXP": 32, "BM": bm, "CW": cw, "BD": bd, "GK": gk, "RED_ROWS": M._RED_ROWS,
+                 "R": reps, "RMAX": M._RED_REPLICAS, "ITERS": 20, "PHASE": 3, "DOT_BF16": True, "PIPE": pipe},
+                warps,
+                max(1, pipe),
             )
-            assert r["shared"] <= SM120_SHARED_LIMIT, (cw, r["shared"])
-            assert r["spills"] == 0, (cw, r["report"])
-            assert r["stack"] == 0, (cw, r["report"])
+            assert r["shared"] <= SM120_SHARED_LIMIT, (bm, cw, r["shared"])
+            assert r["spills"] == 0, (bm, cw, r["report"])
+            assert r["stack"] == 0, (bm, cw, r["report"])
         return
     if key == "finish":
         r = compile_sm120(

@@ -41,8 +41,13 @@ DEFAULT_POST_CONFIG = {"block_m": 1, "chunk_d": 512, "block_d": 512, "num_warps"
 # one-launch pre for decode batches (n <= max_rows): row blocks of block_m,
 # columns per program: the smallest power of two >= min_cols that keeps the
 # grid within one program per SM; GEMM in sub-blocks of block_d columns,
-# a loop Triton pipelines with pipe stages (0: unrolled)
-DEFAULT_PRE_FUSED_CONFIG = {"max_rows": 64, "block_m": 16, "min_cols": 32, "block_d": 32, "num_warps": 4, "pipe": 3}
+# a loop Triton pipelines with pipe stages (0: unrolled); the fp32 atomics of
+# the split-K reduction go to `replicas` copies of the buffer (fewer atomics
+# per address: same-address atomics serialise in L2); from large_rows rows
+# on, the entries of "large" replace these
+DEFAULT_PRE_FUSED_CONFIG = {"max_rows": 64, "block_m": 16, "min_cols": 32, "block_d": 32, "num_warps": 4, "pipe": 3,
+                            "replicas": 4, "large_rows": 33,
+                            "large": {"block_m": 64, "block_d": 16, "pipe": 0, "replicas": 8}}
 
 
 @triton.jit
@@ -248,6 +253,23 @@ def _softmax4(a, b, c, d, eps):
 
 
 @triton.jit
+def _ld_sum(p, RSZ: tl.constexpr, R: tl.constexpr):
+    """Sum of the R replicas p, p + RSZ, ... (independent loads, L2 only)."""
+    v = tl.load(p, cache_modifier=".cg")
+    for i in tl.static_range(1, R):
+        v += tl.load(p + i * RSZ, cache_modifier=".cg")
+    return v
+
+
+@triton.jit
+def _ld_sum_m(p, mask, RSZ: tl.constexpr, R: tl.constexpr):
+    v = tl.load(p, mask=mask, other=0.0, cache_modifier=".cg")
+    for i in tl.static_range(1, R):
+        v += tl.load(p + i * RSZ, mask=mask, other=0.0, cache_modifier=".cg")
+    return v
+
+
+@triton.jit
 def _mhc_row_mix(
     pr,  # this row's reduced mixes (MIX values, then the sum of squares)
     scale_ptr,
@@ -262,32 +284,34 @@ def _mhc_row_mix(
     ITERS: tl.constexpr,
     HC: tl.constexpr,
     MIX: tl.constexpr,
+    RSZ: tl.constexpr,
+    R: tl.constexpr,
 ):
     """post and the Sinkhorn comb of one row. The 4 x 4 matrix is held as 16
     scalars, so no step needs a cross-thread reduction (the old finish
     kernel spent most of its time in those)."""
     hk = tl.arange(0, HC)
-    rs = 1.0 / tl.sqrt(tl.load(pr + MIX, cache_modifier=".cg") * inv_k + rms_eps)
-    praw = tl.load(pr + HC + hk, cache_modifier=".cg")
+    rs = 1.0 / tl.sqrt(_ld_sum(pr + MIX, RSZ, R) * inv_k + rms_eps)
+    praw = _ld_sum(pr + HC + hk, RSZ, R)
     s2 = tl.load(scale_ptr + 2) * rs
     cb = base_ptr + 2 * HC
     q = pr + 2 * HC
-    c00 = tl.load(q + 0, cache_modifier=".cg") * s2 + tl.load(cb + 0)
-    c01 = tl.load(q + 1, cache_modifier=".cg") * s2 + tl.load(cb + 1)
-    c02 = tl.load(q + 2, cache_modifier=".cg") * s2 + tl.load(cb + 2)
-    c03 = tl.load(q + 3, cache_modifier=".cg") * s2 + tl.load(cb + 3)
-    c10 = tl.load(q + 4, cache_modifier=".cg") * s2 + tl.load(cb + 4)
-    c11 = tl.load(q + 5, cache_modifier=".cg") * s2 + tl.load(cb + 5)
-    c12 = tl.load(q + 6, cache_modifier=".cg") * s2 + tl.load(cb + 6)
-    c13 = tl.load(q + 7, cache_modifier=".cg") * s2 + tl.load(cb + 7)
-    c20 = tl.load(q + 8, cache_modifier=".cg") * s2 + tl.load(cb + 8)
-    c21 = tl.load(q + 9, cache_modifier=".cg") * s2 + tl.load(cb + 9)
-    c22 = tl.load(q + 10, cache_modifier=".cg") * s2 + tl.load(cb + 10)
-    c23 = tl.load(q + 11, cache_modifier=".cg") * s2 + tl.load(cb + 11)
-    c30 = tl.load(q + 12, cache_modifier=".cg") * s2 + tl.load(cb + 12)
-    c31 = tl.load(q + 13, cache_modifier=".cg") * s2 + tl.load(cb + 13)
-    c32 = tl.load(q + 14, cache_modifier=".cg") * s2 + tl.load(cb + 14)
-    c33 = tl.load(q + 15, cache_modifier=".cg") * s2 + tl.load(cb + 15)
+    c00 = _ld_sum(q + 0, RSZ, R) * s2 + tl.load(cb + 0)
+    c01 = _ld_sum(q + 1, RSZ, R) * s2 + tl.load(cb + 1)
+    c02 = _ld_sum(q + 2, RSZ, R) * s2 + tl.load(cb + 2)
+    c03 = _ld_sum(q + 3, RSZ, R) * s2 + tl.load(cb + 3)
+    c10 = _ld_sum(q + 4, RSZ, R) * s2 + tl.load(cb + 4)
+    c11 = _ld_sum(q + 5, RSZ, R) * s2 + tl.load(cb + 5)
+    c12 = _ld_sum(q + 6, RSZ, R) * s2 + tl.load(cb + 6)
+    c13 = _ld_sum(q + 7, RSZ, R) * s2 + tl.load(cb + 7)
+    c20 = _ld_sum(q + 8, RSZ, R) * s2 + tl.load(cb + 8)
+    c21 = _ld_sum(q + 9, RSZ, R) * s2 + tl.load(cb + 9)
+    c22 = _ld_sum(q + 10, RSZ, R) * s2 + tl.load(cb + 10)
+    c23 = _ld_sum(q + 11, RSZ, R) * s2 + tl.load(cb + 11)
+    c30 = _ld_sum(q + 12, RSZ, R) * s2 + tl.load(cb + 12)
+    c31 = _ld_sum(q + 13, RSZ, R) * s2 + tl.load(cb + 13)
+    c32 = _ld_sum(q + 14, RSZ, R) * s2 + tl.load(cb + 14)
+    c33 = _ld_sum(q + 15, RSZ, R) * s2 + tl.load(cb + 15)
     post = post_mult * tl.sigmoid(praw * rs * tl.load(scale_ptr + 1) + tl.load(base_ptr + HC + hk))
     tl.store(post_ptr + row * HC + hk, post)
     # softmax over each row (comb[k, :]) + eps, then a column normalisation
@@ -387,6 +411,8 @@ def _mhc_pre_fused_kernel(
     BD: tl.constexpr,
     GK: tl.constexpr,
     RED_ROWS: tl.constexpr,
+    R: tl.constexpr,  # replicas of the buffer the atomics go to (program kj adds into kj % R)
+    RMAX: tl.constexpr,  # replicas allocated (the parity stride)
     ITERS: tl.constexpr,
     PHASE: tl.constexpr,  # 3: one launch (grid barrier); 1 then 2: two launches (interpreter)
     DOT_BF16: tl.constexpr,
@@ -415,7 +441,8 @@ def _mhc_pre_fused_kernel(
     col0 = kj * CW
     cnt = sync_ptr
     gen = sync_ptr + 1
-    RED: tl.constexpr = RED_ROWS * MIXP
+    RSZ: tl.constexpr = RED_ROWS * MIXP
+    RED: tl.constexpr = RMAX * RSZ
     if PHASE == 3:
         g0 = tl.atomic_add(gen, 0, sem="acquire")
         cur = g0 & 1
@@ -436,7 +463,7 @@ def _mhc_pre_fused_kernel(
                                          acc, sq, HC, MIX, MIXP, BD, DOT_BF16)
         acc = tl.where(mix[None, :] == MIX, sq[:, None], acc)
         tl.atomic_add(
-            red + rows[:, None] * MIXP + mix[None, :],
+            red + (kj % R) * RSZ + rows[:, None] * MIXP + mix[None, :],
             acc,
             mask=rmask[:, None] & (mix[None, :] <= MIX),
             sem="relaxed",
@@ -473,8 +500,8 @@ def _mhc_pre_fused_kernel(
 
     if PHASE >= 2:
         pr = red + rows[:, None] * MIXP
-        sq = tl.load(red + rows * MIXP + MIX, mask=rmask, other=0.0, cache_modifier=".cg")
-        praw = tl.load(pr + hk[None, :], mask=rmask[:, None], other=0.0, cache_modifier=".cg")  # [BM, HC]
+        sq = _ld_sum_m(red + rows * MIXP + MIX, rmask, RSZ, R)
+        praw = _ld_sum_m(pr + hk[None, :], rmask[:, None], RSZ, R)  # [BM, HC]
         rs = 1.0 / tl.sqrt(sq * inv_k + rms_eps)
         pre = tl.sigmoid(praw * rs[:, None] * tl.load(scale_ptr) + tl.load(base_ptr + hk)[None, :]) + hc_eps
         y = tl.sum(pre[:, :, None] * xc.to(tl.float32), axis=1)  # [BM, CW]
@@ -489,7 +516,7 @@ def _mhc_pre_fused_kernel(
                 _mhc_row_mix(
                     red + row * MIXP,
                     scale_ptr, base_ptr, post_ptr, comb_ptr, row.to(tl.int64),
-                    inv_k, rms_eps, hc_eps, post_mult, ITERS, HC, MIX,
+                    inv_k, rms_eps, hc_eps, post_mult, ITERS, HC, MIX, RSZ, R,
                 )
 
 
@@ -623,6 +650,7 @@ def _finish(residual, part, sq, n_chunks, hc_scale, hc_base, rms_eps, hc_eps, it
 
 _WORKSPACE: dict = {}
 _RED_ROWS = 256  # rows the one-launch pre covers at most (config max_rows)
+_RED_REPLICAS = 8  # most replicas of the reduction buffer (config "replicas")
 
 
 def _workspace(device):
@@ -633,15 +661,23 @@ def _workspace(device):
     key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
     ws = _WORKSPACE.get(key)
     if ws is None:
-        red = torch.zeros(2 * _RED_ROWS * 32, dtype=torch.float32, device=device)
+        red = torch.zeros(2 * _RED_REPLICAS * _RED_ROWS * 32, dtype=torch.float32, device=device)
         sync = torch.zeros(2, dtype=torch.int32, device=device)
         ws = _WORKSPACE[key] = (red, sync)
     return ws
 
 
+def _effective_cfg(n: int, cfg: dict) -> dict:
+    """The pre_fused entries for n rows ("large" from large_rows rows on)."""
+    if "large" in cfg and n >= int(cfg.get("large_rows", 1 << 30)):
+        return {**cfg, **cfg["large"]}
+    return cfg
+
+
 def _fused_shape(n: int, d: int, sms: int, cfg: dict):
     """(BM, CW, BD, GK, groups) of the one-launch pre, or None when n is past
     max_rows or the grid would not fit one program per SM."""
+    cfg = _effective_cfg(n, cfg)
     if n > min(int(cfg["max_rows"]), _RED_ROWS):
         return None
     bm = min(int(cfg["block_m"]), max(16, triton.next_power_of_2(n)))
@@ -663,6 +699,7 @@ def _fused_plan(n: int, d: int, hc: int, device, config: Optional[dict]):
     shape = _fused_shape(n, d, _num_sms(device), cfg)
     if shape is None:
         return None
+    cfg = _effective_cfg(n, cfg)
     return (*shape, int(cfg["num_warps"]), cfg)
 
 
@@ -673,7 +710,7 @@ def _pre_fused(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, iters, post_mul
     mixp = 32
     dev = residual.device
     if interp:
-        red = torch.zeros(2 * _RED_ROWS * mixp, dtype=torch.float32, device=dev)
+        red = torch.zeros(2 * _RED_REPLICAS * _RED_ROWS * mixp, dtype=torch.float32, device=dev)
         sync = torch.zeros(2, dtype=torch.int32, device=dev)
     else:
         red, sync = _workspace(dev)
@@ -687,7 +724,9 @@ def _pre_fused(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, iters, post_mul
         n, d, residual.stride(0), residual.stride(1), fn.stride(0), y.stride(0),
         1.0 / (hc * d), float(rms_eps), float(hc_eps), float(post_mult),
     )
-    meta = dict(HC=hc, MIX=mix, MIXP=mixp, BM=bm, CW=cw, BD=bd, GK=gk, RED_ROWS=_RED_ROWS, ITERS=int(iters),
+    reps = max(1, min(int(plan_cfg.get("replicas", 1)), _RED_REPLICAS, gk))
+    meta = dict(HC=hc, MIX=mix, MIXP=mixp, BM=bm, CW=cw, BD=bd, GK=gk, RED_ROWS=_RED_ROWS, R=reps,
+                RMAX=_RED_REPLICAS, ITERS=int(iters),
                 DOT_BF16=not interp, num_warps=warps, PIPE=int(plan_cfg.get("pipe", 0)))
     if int(plan_cfg.get("pipe", 0)) > 0:
         meta["num_stages"] = int(plan_cfg["pipe"])
