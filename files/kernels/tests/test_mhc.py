@@ -35,6 +35,14 @@ def test_pre_post_fused_match_reference(n, d):
 
 
 @on_cpu
+def test_two_launch_path_matches_reference(monkeypatch):
+    """The path larger batches take (two-launch pre, fused post + pre GEMM)."""
+    monkeypatch.setenv("SM120_MHC_NO_FUSED", "1")
+    res = M.check_case(5, 192, "cpu", seed=9)
+    assert res["ok"], res
+
+
+@on_cpu
 def test_sinkhorn_columns_sum_to_one_and_matrix_not_symmetric():
     residual, _, fn, scale, base, _, _ = M.make_inputs(9, 256, seed=1)
     _, post, comb = M.mhc_pre(residual, fn, scale, base, M.RMS_EPS, M.HC_EPS)

@@ -16,8 +16,12 @@ hc_mult streams (4) of the residual, ``residual [n, 4, D]`` bf16.
 
 The same math as SGLang's ``_mhc_pre_torch`` / ``_mhc_post_torch`` and the
 TileLang ``hc_split_sinkhorn_kernel``; ``*_ref`` below are fp32 torch
-references. Two launches for pre (split-K GEMM with the post fused in when
-asked; then reduce + Sinkhorn + collapse), one for post.
+references. Pre for decode batches (n <= 64 by default) is one launch: a
+split-K GEMM whose fp32 partial sums go to a reduction buffer by atomics, a
+grid barrier, then the collapse and the Sinkhorn of each row (see
+``_mhc_pre_fused_kernel``); larger batches take two launches (split-K GEMM
+with the post fused in when asked; then reduce + Sinkhorn + collapse). One
+launch for post; post+pre for decode batches is post then the one-launch pre.
 """
 
 from __future__ import annotations
@@ -735,6 +739,18 @@ def _pre_fused(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, iters, post_mul
     return y, post, comb
 
 
+def _pre_plan(residual, fn, config):
+    """The one-launch pre's plan when it covers this call (SM120_MHC_NO_FUSED=1
+    turns it off), else None."""
+    n, hc, d = residual.shape
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    if os.environ.get("SM120_MHC_NO_FUSED") == "1" or not (interp or residual.is_cuda):
+        return None
+    if hc != 4 or fn.shape[0] != 24:
+        return None
+    return _fused_plan(n, d, hc, residual.device, None if config is None else config.get("pre_fused"))
+
+
 def mhc_pre(
     residual: torch.Tensor,
     fn: torch.Tensor,
@@ -757,12 +773,11 @@ def mhc_pre(
             torch.empty(0, hc, hc, dtype=torch.float32, device=residual.device),
         )
     interp = os.environ.get("TRITON_INTERPRET") == "1"
-    if os.environ.get("SM120_MHC_NO_FUSED") != "1" and (interp or residual.is_cuda) and hc == 4 and fn.shape[0] == 24:
-        plan = _fused_plan(n, d, hc, residual.device, None if config is None else config.get("pre_fused"))
-        if plan is not None:
-            out = _pre_fused(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult, plan, interp)
-            if out is not None:
-                return out
+    plan = _pre_plan(residual, fn, config)
+    if plan is not None:
+        out = _pre_fused(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult, plan, interp)
+        if out is not None:
+            return out
     _, part, sq, n_chunks = _stage1(residual, fn, config=config)
     return _finish(residual, part, sq, n_chunks, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult)
 
@@ -805,6 +820,12 @@ def mhc_post_pre(
     if n == 0:
         y, p, c = mhc_pre(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult)
         return torch.empty_like(residual), y, p, c
+    if _pre_plan(residual, fn, config) is not None:
+        # decode batches: post, then the one-launch pre (faster on the H200
+        # than the fused post + two-launch pre below)
+        new_res = mhc_post(x, residual, post, comb)
+        y, p, c = mhc_pre(new_res, fn, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult, config=config)
+        return new_res, y, p, c
     new_res, part, sq, n_chunks = _stage1(residual, fn, x=x, post=post, comb=comb, config=config)
     y, p, c = _finish(new_res, part, sq, n_chunks, hc_scale, hc_base, rms_eps, hc_eps, sinkhorn_iters, post_mult)
     return new_res, y, p, c
