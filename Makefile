@@ -22,7 +22,7 @@ PROMETHEUS_BIN_DIR     := $(CURDIR)/.cache/prometheus-deb/usr/bin
 ROLE_DIRS        = $(sort $(foreach f,$(wildcard roles/*/molecule/*/molecule.yml),roles/$(word 2,$(subst /, ,$(f)))))
 SITE_SCENARIOS   = $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
-step = @printf '\n\033[1m==> %s\033[0m\n' "$(1)"
+step = @printf '\n\033[1m==> %s\033[0m  (%s)\n' "$(1)" "$$(date -u +%T)"
 
 .PHONY: help setup apt venv sglang-venv rootfs lab lab-destroy lint test test-static \
         test-unit test-kernels test-monitoring test-lab test-roles test-site test-scenario clean prometheus-bin
