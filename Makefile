@@ -148,7 +148,12 @@ test-site: setup
 	  printf '\n\033[1m==> molecule test -s %s\033[0m\n' "$$s"; \
 	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH molecule test -s $$s || exit 1; done
 
-test: test-static test-unit test-kernels test-monitoring test-lab test-roles test-site
+# The CPU-bound kernel and monitoring tests run while the root filesystems download and
+# unpack (debootstrap mostly waits on the network and the disk); then the lab, the roles
+# and the site scenario.
+test: test-static test-unit
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-kernels test-monitoring rootfs
+	@$(MAKE) --no-print-directory test-lab test-roles test-site
 	$(call step,all tests passed)
 
 clean: lab-destroy
