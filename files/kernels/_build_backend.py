@@ -45,6 +45,18 @@ def write_version_file() -> str:
     return version
 
 
+# setuptools reads the version (an attr of _version.py) already when asked for the build
+# requirements, so every hook writes the file first.
+def get_requires_for_build_wheel(config_settings=None):
+    write_version_file()
+    return _orig.get_requires_for_build_wheel(config_settings)
+
+
+def get_requires_for_build_sdist(config_settings=None):
+    write_version_file()
+    return _orig.get_requires_for_build_sdist(config_settings)
+
+
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     write_version_file()
     return _orig.build_wheel(wheel_directory, config_settings, metadata_directory)
