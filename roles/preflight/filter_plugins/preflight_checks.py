@@ -210,7 +210,7 @@ def version_errors(variables, host):
     return errors
 
 
-def disk_errors(mounts, path, needed_gb, host, var):
+def disk_errors(mounts, path, needed_gb, host, var, needed_for="model weights and one release"):
     """Free space on the filesystem that holds path (longest mount prefix)."""
     best = None
     for mount in mounts or []:
@@ -223,7 +223,7 @@ def disk_errors(mounts, path, needed_gb, host, var):
     free_gb = best.get("size_available", 0) / 1e9
     if free_gb < needed_gb:
         return [_err(host, var, f"{path} is on {best['mount']} with {free_gb:.0f} GB free; "
-                     f"{needed_gb:.0f} GB are needed (model weights and one release).",
+                     f"{needed_gb:.0f} GB are needed ({needed_for}).",
                      "free space there, or point the variable to a larger filesystem.")]
     return []
 
