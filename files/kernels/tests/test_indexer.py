@@ -42,9 +42,13 @@ def _run(batch, next_n, ctxs, *, device="cpu", seed=0, ctx_2d=False, extra=0, co
         (2, 2, [1, 65], 3),  # a query that sees nothing (whole row -inf)
     ],
 )
-@pytest.mark.parametrize("prefetch,ppi,ppp", [(True, 1, 2), (False, 1, 2), (False, 2, 3), (False, 4, 4)])
-def test_logits_match_reference(batch, next_n, ctxs, extra, prefetch, ppi, ppp):
-    cfg = {"prefetch": prefetch, "max_pages_per_prog": ppp, "pages_per_iter": ppi}
+@pytest.mark.parametrize(
+    "prefetch,ppi,ppp,swap",
+    [(True, 1, 2, False), (False, 1, 2, False), (False, 2, 3, False), (False, 4, 4, False),
+     (True, 1, 3, True), (False, 1, 2, True), (False, 2, 3, True)],
+)
+def test_logits_match_reference(batch, next_n, ctxs, extra, prefetch, ppi, ppp, swap):
+    cfg = {"prefetch": prefetch, "max_pages_per_prog": ppp, "pages_per_iter": ppi, "swap": swap}
     out, ref, _ = _run(batch, next_n, ctxs, seed=batch * 10 + next_n, extra=extra, config=cfg)
     res = I.compare_logits(out, ref)
     assert not torch.isnan(out).any(), "unwritten output"
@@ -187,8 +191,6 @@ LOGITS_SIG = {
     "out_ptr": "*fp32",
     "max_len": "i32",
     "pages_per_prog": "i32",
-    "n_sp": "i32",
-    "n_items": "i32",
     "stride_qb": "i32",
     "stride_qn": "i32",
     "stride_qh": "i32",
@@ -238,7 +240,7 @@ def test_shipped_configs_compile_for_sm120(fname, key, cfg, next_n, ctx_2d):
             LOGITS_SIG,
             {"NEXT_N": next_n, "H": 64, "D": 128, "PAGE": 64, "CTX_2D": ctx_2d, "PREFETCH": bool(cfg["prefetch"]),
              "PPI": int(cfg.get("pages_per_iter", 1)), "SWAP": bool(cfg.get("swap", False)),
-             "PERSIST": int(cfg.get("persist", 0)) > 0},
+             "L2_AHEAD": int(cfg.get("l2_ahead", 0))},
             cfg["num_warps"],
             cfg["num_stages"],
         )

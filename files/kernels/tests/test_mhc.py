@@ -116,19 +116,13 @@ FINISH_SIG = {
     "sq_ptr": "*fp32",
     "scale_ptr": "*fp32",
     "base_ptr": "*fp32",
-    "y_ptr": "*bf16",
-    "post_ptr": "*fp32",
-    "comb_ptr": "*fp32",
+    "outs": ("*bf16", "*fp32", "*fp32"),  # y, post, comb
+    "mix_args": ("fp32", "fp32", "fp32", "fp32"),  # 1 / (HC * D), rms_eps, hc_eps, post_mult
     "n": "i32",
     "D": "i32",
     "n_chunks": "i32",
     "stride_xn": "i32",
     "stride_xk": "i32",
-    "stride_yn": "i32",
-    "inv_k": "fp32",
-    "rms_eps": "fp32",
-    "hc_eps": "fp32",
-    "post_mult": "fp32",
 }
 
 
@@ -139,19 +133,13 @@ PRE_FUSED_SIG = {
     "base_ptr": "*fp32",
     "red_ptr": "*fp32",
     "sync_ptr": "*i32",
-    "y_ptr": "*bf16",
-    "post_ptr": "*fp32",
-    "comb_ptr": "*fp32",
+    "outs": ("*bf16", "*fp32", "*fp32"),
+    "mix_args": ("fp32", "fp32", "fp32", "fp32"),
     "n": "i32",
     "D": "i32",
     "stride_xn": "i32",
     "stride_xk": "i32",
     "stride_fn": "i32",
-    "stride_yn": "i32",
-    "inv_k": "fp32",
-    "rms_eps": "fp32",
-    "hc_eps": "fp32",
-    "post_mult": "fp32",
 }
 
 

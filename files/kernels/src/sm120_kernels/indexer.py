@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Optional
 
 import torch
@@ -67,159 +68,34 @@ DEFAULT_TOPK_CONFIG = {"block": 2048, "num_warps": 8, "waves": 4}
 
 
 @triton.jit
-def _mqa_logits_item(
-    b,
-    sp,
-    q_ptr,
-    kv8_ptr,
-    kv32_ptr,
-    w_ptr,
-    ctx_ptr,
-    bt_ptr,
-    out_ptr,
-    max_len,
-    pages_per_prog,
-    stride_qb,
-    stride_qn,
-    stride_qh,
-    stride_wr,
-    stride_cb,
-    stride_cn,
-    stride_bt,
-    stride_out,
-    NEXT_N: tl.constexpr,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    PAGE: tl.constexpr,
-    CTX_2D: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    PPI: tl.constexpr,
-    SWAP: tl.constexpr,
-):
-    """Logits of batch row b, pages [sp * pages_per_prog, ...)."""
-    M: tl.constexpr = NEXT_N * H
-    PAGE_U8: tl.constexpr = PAGE * (D + 4)
-    PAGE_F32: tl.constexpr = PAGE_U8 // 4
-    SCALE_F32: tl.constexpr = (PAGE * D) // 4
-
-    offs_m = tl.arange(0, M)
-    offs_d = tl.arange(0, D)
-    offs_t = tl.arange(0, PAGE)
-    offs_n = tl.arange(0, NEXT_N)
-    qn = offs_m // H
-    qh = offs_m % H
-
-    q = tl.load(
-        q_ptr + b * stride_qb + qn[:, None] * stride_qn + qh[:, None] * stride_qh + offs_d[None, :]
-    )
-    w = tl.load(w_ptr + (b * NEXT_N + qn) * stride_wr + qh)
-
-    if CTX_2D:
-        lens = tl.load(ctx_ptr + b * stride_cb + offs_n * stride_cn)
+def _page_logits(q, qt, w, k, sc, NEXT_N: tl.constexpr, H: tl.constexpr, BN: tl.constexpr, SWAP: tl.constexpr):
+    """``[NEXT_N, BN]`` logits of BN keys ``k`` (fp8 ``[BN, D]``) with scales ``sc``."""
+    if SWAP:
+        # keys as the MMA's M side: the head sum runs along N, inside each
+        # warp (no cross-warp reduction per page)
+        s = tl.dot(k, qt)  # [BN, M] fp32
+        s = tl.maximum(s, 0.0) * w[None, :]
+        s3 = tl.reshape(s, (BN, NEXT_N, H))
+        logit = tl.trans(tl.sum(s3, axis=2) * sc[:, None])
     else:
-        ctx = tl.load(ctx_ptr + b * stride_cb)
-        lens = ctx - NEXT_N + 1 + offs_n
-    lens = tl.maximum(lens, 0)
-    max_valid = tl.max(lens, axis=0)
-    n_valid_pages = tl.cdiv(max_valid, PAGE)
-    n_out_pages = tl.cdiv(max_len, PAGE)
-
-    p_begin = sp * pages_per_prog
-    p_end = tl.minimum(p_begin + pages_per_prog, n_out_pages)
-    out_rows = out_ptr + (b * NEXT_N + offs_n).to(tl.int64)[:, None] * stride_out
-    bt_row = bt_ptr + b * stride_bt
-
-    # Pages that hold visible keys.
-    p_stop = tl.minimum(p_end, n_valid_pages)
-    if PPI > 1 and not SWAP:
-        # PPI pages (PPI * 64 keys) per iteration: a wider dot and more bytes
-        # in flight per step; Triton pipelines the loop (num_stages).
-        BN: tl.constexpr = PPI * PAGE
-        offs_j = tl.arange(0, BN)
-        jp = offs_j // PAGE
-        jt = offs_j % PAGE
-        for g in range(p_begin, p_stop, PPI):
-            pidx = g + jp
-            okp = pidx < p_stop
-            page = tl.load(bt_row + pidx, mask=okp, other=0).to(tl.int64)
-            k = tl.load(kv8_ptr + page[:, None] * PAGE_U8 + jt[:, None] * D + offs_d[None, :], mask=okp[:, None], other=0.0)
-            sc = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + jt, mask=okp, other=0.0)
-            s = tl.dot(q, tl.trans(k))  # [M, BN] fp32
-            s = tl.maximum(s, 0.0) * w[:, None]
-            s3 = tl.reshape(s, (NEXT_N, H, BN))
-            logit = tl.sum(s3, axis=1) * sc[None, :]  # [NEXT_N, BN]
-            pos = g * PAGE + offs_j
-            logit = tl.where(pos[None, :] < lens[:, None], logit, float("-inf"))
-            tl.store(out_rows + pos[None, :], logit, mask=okp[None, :] & (pos[None, :] < max_len))
-    elif PREFETCH and not SWAP:
-        # Register double buffering: the next page's keys are in flight while
-        # this page's dot runs (the loop is not pipelined through shared
-        # memory on sm_120, where the fp8 operand goes straight to registers).
-        ok = p_begin < p_stop
-        page = tl.load(bt_row + p_begin, mask=ok, other=0).to(tl.int64)
-        k_nxt = tl.load(kv8_ptr + page * PAGE_U8 + offs_t[:, None] * D + offs_d[None, :], mask=ok, other=0.0)
-        sc_nxt = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + offs_t, mask=ok, other=0.0)
-        for p in range(p_begin, p_stop):
-            k = k_nxt
-            sc = sc_nxt
-            ok = p + 1 < p_stop
-            page = tl.load(bt_row + p + 1, mask=ok, other=0).to(tl.int64)
-            k_nxt = tl.load(kv8_ptr + page * PAGE_U8 + offs_t[:, None] * D + offs_d[None, :], mask=ok, other=0.0)
-            sc_nxt = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + offs_t, mask=ok, other=0.0)
-            s = tl.dot(q, tl.trans(k))  # [M, PAGE] fp32
-            s = tl.maximum(s, 0.0) * w[:, None]
-            s3 = tl.reshape(s, (NEXT_N, H, PAGE))
-            logit = tl.sum(s3, axis=1) * sc[None, :]  # [NEXT_N, PAGE]
-            pos = p * PAGE + offs_t
-            logit = tl.where(pos[None, :] < lens[:, None], logit, float("-inf"))
-            tl.store(out_rows + pos[None, :], logit, mask=(pos[None, :] < max_len))
-    elif SWAP:
-        # keys as the MMA's M side (PPI pages per dot): the head sum runs
-        # along N, inside each warp (no cross-warp reduction per page)
-        qt = tl.trans(q)  # [D, M]
-        BN: tl.constexpr = PPI * PAGE
-        offs_j = tl.arange(0, BN)
-        jp = offs_j // PAGE
-        jt = offs_j % PAGE
-        for g in range(p_begin, p_stop, PPI):
-            if PPI == 1:
-                page = tl.load(bt_row + g).to(tl.int64)
-                k = tl.load(kv8_ptr + page * PAGE_U8 + offs_t[:, None] * D + offs_d[None, :])
-                sc = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + offs_t)
-                okp = offs_t >= 0
-            else:
-                pidx = g + jp
-                okp = pidx < p_stop
-                page = tl.load(bt_row + pidx, mask=okp, other=0).to(tl.int64)
-                k = tl.load(kv8_ptr + page[:, None] * PAGE_U8 + jt[:, None] * D + offs_d[None, :], mask=okp[:, None], other=0.0)
-                sc = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + jt, mask=okp, other=0.0)
-            s = tl.dot(k, qt)  # [BN, M] fp32
-            s = tl.maximum(s, 0.0) * w[None, :]
-            s3 = tl.reshape(s, (BN, NEXT_N, H))
-            logit = tl.trans(tl.sum(s3, axis=2) * sc[:, None])  # [NEXT_N, BN]
-            pos = g * PAGE + offs_j
-            logit = tl.where(pos[None, :] < lens[:, None], logit, float("-inf"))
-            tl.store(out_rows + pos[None, :], logit, mask=okp[None, :] & (pos[None, :] < max_len))
-    else:
-        for p in range(p_begin, p_stop):
-            page = tl.load(bt_row + p).to(tl.int64)
-            k = tl.load(kv8_ptr + page * PAGE_U8 + offs_t[:, None] * D + offs_d[None, :])
-            sc = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + offs_t)
-            s = tl.dot(q, tl.trans(k))  # [M, PAGE] fp32
-            s = tl.maximum(s, 0.0) * w[:, None]
-            s3 = tl.reshape(s, (NEXT_N, H, PAGE))
-            logit = tl.sum(s3, axis=1) * sc[None, :]  # [NEXT_N, PAGE]
-            pos = p * PAGE + offs_t
-            logit = tl.where(pos[None, :] < lens[:, None], logit, float("-inf"))
-            tl.store(out_rows + pos[None, :], logit, mask=(pos[None, :] < max_len))
-
-    # Columns past every query's context: -inf.
-    neg = tl.full((NEXT_N, PAGE), float("-inf"), tl.float32)
-    for p in range(tl.maximum(p_begin, n_valid_pages), p_end):
-        pos = p * PAGE + offs_t
-        tl.store(out_rows + pos[None, :], neg, mask=(pos[None, :] < max_len))
+        s = tl.dot(q, tl.trans(k))  # [M, BN] fp32
+        s = tl.maximum(s, 0.0) * w[:, None]
+        s3 = tl.reshape(s, (NEXT_N, H, BN))
+        logit = tl.sum(s3, axis=1) * sc[None, :]
+    return logit
 
 
+@triton.jit
+def _l2_prefetch_page(kv8_ptr, bt_row, p, p_stop, PAGE_U8: tl.constexpr):
+    """Ask L2 for page p of the row (keys and scales, 66 lines of 128 B: one
+    prefetch per 66 B), when p < p_stop. No registers wait for it."""
+    if p < p_stop:
+        page = tl.load(bt_row + p).to(tl.int64)
+        ptrs = kv8_ptr + page * PAGE_U8 + tl.arange(0, 128) * (PAGE_U8 // 128)
+        tl.inline_asm_elementwise(
+            asm="prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", constraints="=r,l", args=[ptrs],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )
 
 
 @triton.jit
@@ -233,8 +109,6 @@ def _mqa_logits_kernel(
     out_ptr,
     max_len,
     pages_per_prog,
-    n_sp,
-    n_items,
     stride_qb,
     stride_qn,
     stride_qh,
@@ -251,16 +125,108 @@ def _mqa_logits_kernel(
     PREFETCH: tl.constexpr,
     PPI: tl.constexpr = 1,
     SWAP: tl.constexpr = False,
-    PERSIST: tl.constexpr = False,
+    L2_AHEAD: tl.constexpr = 0,
 ):
-    if PERSIST:
-        # a fixed grid walks the (row, page chunk) items: no partial last wave
-        for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
-            _mqa_logits_item(
-                (item // n_sp).to(tl.int64), item % n_sp, q_ptr, kv8_ptr, kv32_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, max_len, pages_per_prog, stride_qb, stride_qn, stride_qh, stride_wr, stride_cb, stride_cn, stride_bt, stride_out, NEXT_N, H, D, PAGE, CTX_2D, PREFETCH, PPI, SWAP
-            )
+    """Program (b, sp): the logits of batch row b, pages ``[sp * pages_per_prog, ...)``.
+    L2_AHEAD > 0 (PPI 1): page p + L2_AHEAD is prefetched into L2 while page p
+    is computed (inline PTX; not under the interpreter).
+
+    Register count is sensitive to the order of this prologue: on the H200
+    (Triton 3.6, sm_90a) SWAP with next_n 1 and L2_AHEAD 0 takes 71 registers
+    here (the previous kernel: 64), 7 programs per SM instead of 8, so batch
+    32 (1,024 programs) no longer runs in one wave: 61.8 instead of 48.9 us.
+    With L2_AHEAD 1 (the H200 config) it is 64 again. sm_120 builds are not
+    affected (same register counts as before for every shipped config)."""
+    M: tl.constexpr = NEXT_N * H
+    PAGE_U8: tl.constexpr = PAGE * (D + 4)
+    PAGE_F32: tl.constexpr = PAGE_U8 // 4
+    SCALE_F32: tl.constexpr = (PAGE * D) // 4
+    BN: tl.constexpr = PPI * PAGE
+
+    offs_m = tl.arange(0, M)
+    offs_d = tl.arange(0, D)
+    offs_t = tl.arange(0, PAGE)
+    offs_n = tl.arange(0, NEXT_N)
+    offs_j = tl.arange(0, BN)
+    jp = offs_j // PAGE
+    jt = offs_j % PAGE
+    qn = offs_m // H
+    qh = offs_m % H
+    n_out_pages = tl.cdiv(max_len, PAGE)
+    b = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
+    q = tl.load(
+        q_ptr + b * stride_qb + qn[:, None] * stride_qn + qh[:, None] * stride_qh + offs_d[None, :]
+    )
+    qt = tl.trans(q)  # [D, M] (SWAP)
+    w = tl.load(w_ptr + (b * NEXT_N + qn) * stride_wr + qh)
+
+    if CTX_2D:
+        lens = tl.load(ctx_ptr + b * stride_cb + offs_n * stride_cn)
     else:
-        _mqa_logits_item(tl.program_id(0).to(tl.int64), tl.program_id(1), q_ptr, kv8_ptr, kv32_ptr, w_ptr, ctx_ptr, bt_ptr, out_ptr, max_len, pages_per_prog, stride_qb, stride_qn, stride_qh, stride_wr, stride_cb, stride_cn, stride_bt, stride_out, NEXT_N, H, D, PAGE, CTX_2D, PREFETCH, PPI, SWAP)
+        ctx = tl.load(ctx_ptr + b * stride_cb)
+        lens = ctx - NEXT_N + 1 + offs_n
+    lens = tl.maximum(lens, 0)
+    max_valid = tl.max(lens, axis=0)
+    n_valid_pages = tl.cdiv(max_valid, PAGE)
+
+    p_begin = sp * pages_per_prog
+    p_end = tl.minimum(p_begin + pages_per_prog, n_out_pages)
+    out_rows = out_ptr + (b * NEXT_N + offs_n).to(tl.int64)[:, None] * stride_out
+    bt_row = bt_ptr + b * stride_bt
+
+    # Pages that hold visible keys.
+    p_stop = tl.minimum(p_end, n_valid_pages)
+    if L2_AHEAD > 0 and PPI == 1:
+        for a in range(1, L2_AHEAD):
+            _l2_prefetch_page(kv8_ptr, bt_row, p_begin + a, p_stop, PAGE_U8)
+    if PREFETCH and PPI == 1:
+        # Register double buffering: the next page's keys are in flight while
+        # this page's dot runs (the loop is not pipelined through shared
+        # memory on sm_120, where the fp8 operand goes straight to registers).
+        ok = p_begin < p_stop
+        page = tl.load(bt_row + p_begin, mask=ok, other=0).to(tl.int64)
+        k_nxt = tl.load(kv8_ptr + page * PAGE_U8 + offs_t[:, None] * D + offs_d[None, :], mask=ok, other=0.0)
+        sc_nxt = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + offs_t, mask=ok, other=0.0)
+        for p in range(p_begin, p_stop):
+            k = k_nxt
+            sc = sc_nxt
+            ok = p + 1 < p_stop
+            page = tl.load(bt_row + p + 1, mask=ok, other=0).to(tl.int64)
+            k_nxt = tl.load(kv8_ptr + page * PAGE_U8 + offs_t[:, None] * D + offs_d[None, :], mask=ok, other=0.0)
+            sc_nxt = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + offs_t, mask=ok, other=0.0)
+            if L2_AHEAD > 0:
+                _l2_prefetch_page(kv8_ptr, bt_row, p + L2_AHEAD, p_stop, PAGE_U8)
+            logit = _page_logits(q, qt, w, k, sc, NEXT_N, H, PAGE, SWAP)  # [NEXT_N, PAGE]
+            pos = p * PAGE + offs_t
+            logit = tl.where(pos[None, :] < lens[:, None], logit, float("-inf"))
+            tl.store(out_rows + pos[None, :], logit, mask=(pos[None, :] < max_len))
+    else:
+        # PPI pages (PPI * 64 keys) per dot
+        for g in range(p_begin, p_stop, PPI):
+            if PPI == 1:
+                page = tl.load(bt_row + g).to(tl.int64)
+                k = tl.load(kv8_ptr + page * PAGE_U8 + offs_t[:, None] * D + offs_d[None, :])
+                sc = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + offs_t)
+                okp = offs_t >= 0
+                if L2_AHEAD > 0:
+                    _l2_prefetch_page(kv8_ptr, bt_row, g + L2_AHEAD, p_stop, PAGE_U8)
+            else:
+                pidx = g + jp
+                okp = pidx < p_stop
+                page = tl.load(bt_row + pidx, mask=okp, other=0).to(tl.int64)
+                k = tl.load(kv8_ptr + page[:, None] * PAGE_U8 + jt[:, None] * D + offs_d[None, :], mask=okp[:, None], other=0.0)
+                sc = tl.load(kv32_ptr + page * PAGE_F32 + SCALE_F32 + jt, mask=okp, other=0.0)
+            logit = _page_logits(q, qt, w, k, sc, NEXT_N, H, BN, SWAP)  # [NEXT_N, BN]
+            pos = g * PAGE + offs_j
+            logit = tl.where(pos[None, :] < lens[:, None], logit, float("-inf"))
+            tl.store(out_rows + pos[None, :], logit, mask=okp[None, :] & (pos[None, :] < max_len))
+
+    # Columns past every query's context: -inf.
+    neg = tl.full((NEXT_N, PAGE), float("-inf"), tl.float32)
+    for p in range(tl.maximum(p_begin, n_valid_pages), p_end):
+        pos = p * PAGE + offs_t
+        tl.store(out_rows + pos[None, :], neg, mask=(pos[None, :] < max_len))
 
 
 def _kv_views(kv_cache: torch.Tensor):
@@ -380,13 +346,7 @@ def paged_mqa_logits(
     ppp = max(ppi, min(int(cfg["max_pages_per_prog"]), (batch * n_out_pages) // target))
     ppp = triton.cdiv(ppp, ppi) * ppi
     n_sp = triton.cdiv(n_out_pages, ppp)
-    persist = int(cfg.get("persist", 0))  # programs per SM when > 0
-    if persist > 0 and batch * n_sp > persist * _num_sms(q.device):
-        grid = (persist * _num_sms(q.device), 1)
-    else:
-        persist = 0
-        grid = (batch, n_sp)
-    _mqa_logits_kernel[grid](
+    _mqa_logits_kernel[(batch, n_sp)](
         q,
         kv8,
         kv32,
@@ -396,8 +356,6 @@ def paged_mqa_logits(
         out,
         max_context_len,
         ppp,
-        n_sp,
-        batch * n_sp,
         q.stride(0),
         q.stride(1),
         q.stride(2),
@@ -414,9 +372,10 @@ def paged_mqa_logits(
         PREFETCH=bool(cfg["prefetch"]),
         PPI=ppi,
         SWAP=bool(cfg.get("swap", False)),
-        PERSIST=persist > 0,
+        L2_AHEAD=0 if os.environ.get("TRITON_INTERPRET") == "1" else int(cfg.get("l2_ahead", 0)),
         num_warps=int(cfg["num_warps"]),
         num_stages=int(cfg["num_stages"]),
+        **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") else {}),
     )
     return out
 

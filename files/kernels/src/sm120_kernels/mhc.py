@@ -139,24 +139,7 @@ def _mhc_stage1_kernel(
         else:
             r = x
         if DO_GEMM:
-            sq += tl.sum(tl.sum(r * r, axis=2), axis=1)
-            # fn^T tile: [HC, BD, MIXP] -> [HC * BD, MIXP]; K index = k * D + col
-            f = tl.load(
-                fn_ptr + mix[None, None, :] * stride_fn + hk[:, None, None] * D + cols[None, :, None],
-                mask=(mix[None, None, :] < MIX) & cmask[None, :, None],
-                other=0.0,
-            )
-            # fp32 fn as bf16 hi + lo on the tensor cores: r is bf16-exact (the
-            # residual), so two bf16 products give ~16 mantissa bits of fn.
-            f2 = tl.reshape(f, (HC * BD, MIXP))
-            if DOT_BF16:
-                f_hi = f2.to(tl.bfloat16)
-                f_lo = (f2 - f_hi.to(tl.float32)).to(tl.bfloat16)
-                r2 = tl.reshape(r, (BM, HC * BD)).to(tl.bfloat16)
-                acc = tl.dot(r2, f_hi, acc)
-                acc = tl.dot(r2, f_lo, acc)
-            else:  # Triton's interpreter: its bf16 dot is wrong; plain fp32
-                acc = tl.dot(tl.reshape(r, (BM, HC * BD)), f2, acc, input_precision="ieee")
+            acc, sq = _gemm_tile(r, fn_ptr, cols, D, stride_fn, acc, sq, HC, MIX, MIXP, BD, DOT_BF16)
 
     if DO_GEMM:
         pbase = part_ptr + (pid_d * n + rows64) * MIXP
@@ -171,25 +154,21 @@ def _mhc_finish_kernel(
     sq_ptr,
     scale_ptr,  # [3] fp32
     base_ptr,  # [MIX] fp32
-    y_ptr,  # out [n, D] bf16
-    post_ptr,  # out [n, HC] fp32
-    comb_ptr,  # out [n, HC, HC] fp32
+    outs,  # (y [n, D] bf16, contiguous; post [n, HC] fp32; comb [n, HC, HC] fp32): _pre_outputs
+    mix_args,  # (1 / (HC * D), rms_eps, hc_eps, post_mult): _pre_outputs
     n,
     D,
     n_chunks,
     stride_xn,
     stride_xk,
-    stride_yn,
-    inv_k,
-    rms_eps,
-    hc_eps,
-    post_mult,
     HC: tl.constexpr,
     MIXP: tl.constexpr,
     NCH: tl.constexpr,
     ITERS: tl.constexpr,
     BD: tl.constexpr,
 ):
+    y_ptr, post_ptr, comb_ptr = outs
+    inv_k, rms_eps, hc_eps, post_mult = mix_args
     t = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1)
     hk = tl.arange(0, HC)
@@ -236,7 +215,7 @@ def _mhc_finish_kernel(
         other=0.0,
     ).to(tl.float32)
     y = tl.sum(pre[:, None] * x, axis=0)
-    tl.store(y_ptr + t * stride_yn + cols, _round_bf16(y).to(tl.bfloat16), mask=cmask)
+    tl.store(y_ptr + t * D + cols, _round_bf16(y).to(tl.bfloat16), mask=cmask)
 
 
 @triton.jit
@@ -278,13 +257,9 @@ def _mhc_row_mix(
     pr,  # this row's reduced mixes (MIX values, then the sum of squares)
     scale_ptr,
     base_ptr,
-    post_ptr,
-    comb_ptr,
+    outs,  # (y, post, comb); post and comb are written here
     row,
-    inv_k,
-    rms_eps,
-    hc_eps,
-    post_mult,
+    mix_args,  # (1 / (HC * D), rms_eps, hc_eps, post_mult)
     ITERS: tl.constexpr,
     HC: tl.constexpr,
     MIX: tl.constexpr,
@@ -294,6 +269,9 @@ def _mhc_row_mix(
     """post and the Sinkhorn comb of one row. The 4 x 4 matrix is held as 16
     scalars, so no step needs a cross-thread reduction (the old finish
     kernel spent most of its time in those)."""
+    post_ptr = outs[1]
+    comb_ptr = outs[2]
+    inv_k, rms_eps, hc_eps, post_mult = mix_args
     hk = tl.arange(0, HC)
     rs = 1.0 / tl.sqrt(_ld_sum(pr + MIX, RSZ, R) * inv_k + rms_eps)
     praw = _ld_sum(pr + HC + hk, RSZ, R)
@@ -356,24 +334,22 @@ def _mhc_row_mix(
 
 
 @triton.jit
-def _pre_gemm_step(x_ptr, fn_ptr, rows64, rmask, c0, D, stride_xn, stride_xk, stride_fn, acc, sq,
-                   HC: tl.constexpr, MIX: tl.constexpr, MIXP: tl.constexpr, BD: tl.constexpr, DOT_BF16: tl.constexpr):
-    """One [BM, HC * BD] x [HC * BD, MIXP] step of the pre GEMM (+ sums of squares)."""
+def _gemm_tile(r, fn_ptr, cols, D, stride_fn, acc, sq,
+               HC: tl.constexpr, MIX: tl.constexpr, MIXP: tl.constexpr, BD: tl.constexpr, DOT_BF16: tl.constexpr):
+    """acc += r [BM, HC, BD] (bf16-exact fp32) x the fn^T tile of columns cols;
+    sq += the rows' sums of squares of r."""
     hk = tl.arange(0, HC)
     mix = tl.arange(0, MIXP)
-    cols = c0 + tl.arange(0, BD)
     cmask = cols < D
-    r = tl.load(
-        x_ptr + rows64[:, None, None] * stride_xn + hk[None, :, None] * stride_xk + cols[None, None, :],
-        mask=rmask[:, None, None] & cmask[None, None, :],
-        other=0.0,
-    ).to(tl.float32)  # [BM, HC, BD]
     sq += tl.sum(tl.sum(r * r, axis=2), axis=1)
+    # fn^T tile: [HC, BD, MIXP] -> [HC * BD, MIXP]; K index = k * D + col
     f = tl.load(
         fn_ptr + mix[None, None, :] * stride_fn + hk[:, None, None] * D + cols[None, :, None],
         mask=(mix[None, None, :] < MIX) & cmask[None, :, None],
         other=0.0,
     )
+    # fp32 fn as bf16 hi + lo on the tensor cores: r is bf16-exact (the
+    # residual), so two bf16 products give ~16 mantissa bits of fn.
     f2 = tl.reshape(f, (HC * BD, MIXP))
     if DOT_BF16:
         f_hi = f2.to(tl.bfloat16)
@@ -387,6 +363,20 @@ def _pre_gemm_step(x_ptr, fn_ptr, rows64, rmask, c0, D, stride_xn, stride_xk, st
 
 
 @triton.jit
+def _pre_gemm_step(x_ptr, fn_ptr, rows64, rmask, c0, D, stride_xn, stride_xk, stride_fn, acc, sq,
+                   HC: tl.constexpr, MIX: tl.constexpr, MIXP: tl.constexpr, BD: tl.constexpr, DOT_BF16: tl.constexpr):
+    """One [BM, HC * BD] x [HC * BD, MIXP] step of the pre GEMM (+ sums of squares)."""
+    hk = tl.arange(0, HC)
+    cols = c0 + tl.arange(0, BD)
+    r = tl.load(
+        x_ptr + rows64[:, None, None] * stride_xn + hk[None, :, None] * stride_xk + cols[None, None, :],
+        mask=rmask[:, None, None] & (cols < D)[None, None, :],
+        other=0.0,
+    ).to(tl.float32)  # [BM, HC, BD]
+    return _gemm_tile(r, fn_ptr, cols, D, stride_fn, acc, sq, HC, MIX, MIXP, BD, DOT_BF16)
+
+
+@triton.jit
 def _mhc_pre_fused_kernel(
     x_ptr,  # residual [n, HC, D] bf16
     fn_ptr,  # [MIX, HC * D] fp32
@@ -394,19 +384,13 @@ def _mhc_pre_fused_kernel(
     base_ptr,  # [MIX] fp32
     red_ptr,  # workspace [2, RED_ROWS, MIXP] fp32: mixes (+ sum of squares in column MIX), zero at rest
     sync_ptr,  # workspace [2] int32: arrivals, generation (its parity picks the buffer)
-    y_ptr,  # out [n, D] bf16
-    post_ptr,  # out [n, HC] fp32
-    comb_ptr,  # out [n, HC, HC] fp32
+    outs,  # (y [n, D] bf16, contiguous; post [n, HC] fp32; comb [n, HC, HC] fp32): _pre_outputs
+    mix_args,  # (1 / (HC * D), rms_eps, hc_eps, post_mult): _pre_outputs
     n,
     D,
     stride_xn,
     stride_xk,
     stride_fn,
-    stride_yn,
-    inv_k,
-    rms_eps,
-    hc_eps,
-    post_mult,
     HC: tl.constexpr,
     MIX: tl.constexpr,
     MIXP: tl.constexpr,
@@ -433,6 +417,8 @@ def _mhc_pre_fused_kernel(
     Two buffers alternate with the barrier generation: while one is
     accumulated, the programs zero the other one for the next call, so both
     are clean at rest without a memset launch."""
+    y_ptr = outs[0]
+    inv_k, rms_eps, hc_eps, post_mult = mix_args
     rg = tl.program_id(0)
     kj = tl.program_id(1)
     pid = rg * GK + kj
@@ -510,7 +496,7 @@ def _mhc_pre_fused_kernel(
         pre = tl.sigmoid(praw * rs[:, None] * tl.load(scale_ptr) + tl.load(base_ptr + hk)[None, :]) + hc_eps
         y = tl.sum(pre[:, :, None] * xc.to(tl.float32), axis=1)  # [BM, CW]
         tl.store(
-            y_ptr + rows64[:, None] * stride_yn + cols[None, :],
+            y_ptr + rows64[:, None] * D + cols[None, :],
             _round_bf16(y).to(tl.bfloat16),
             mask=rmask[:, None] & cmask[None, :],
         )
@@ -519,8 +505,7 @@ def _mhc_pre_fused_kernel(
             if row < n:
                 _mhc_row_mix(
                     red + row * MIXP,
-                    scale_ptr, base_ptr, post_ptr, comb_ptr, row.to(tl.int64),
-                    inv_k, rms_eps, hc_eps, post_mult, ITERS, HC, MIX, RSZ, R,
+                    scale_ptr, base_ptr, outs, row.to(tl.int64), mix_args, ITERS, HC, MIX, RSZ, R,
                 )
 
 
@@ -615,33 +600,38 @@ def _stage1(
     return res_out, part, sq, n_chunks
 
 
+def _pre_outputs(residual, rms_eps, hc_eps, post_mult):
+    """What both pre kernels take as their ``outs`` and ``mix_args`` tuples:
+    (y [n, D] bf16 contiguous, post [n, hc] fp32, comb [n, hc, hc] fp32), new,
+    and (1 / (hc * D), rms_eps, hc_eps, post_mult)."""
+    n, hc, d = residual.shape
+    dev = residual.device
+    outs = (
+        torch.empty(n, d, dtype=torch.bfloat16, device=dev),
+        torch.empty(n, hc, dtype=torch.float32, device=dev),
+        torch.empty(n, hc, hc, dtype=torch.float32, device=dev),
+    )
+    return outs, (1.0 / (hc * d), float(rms_eps), float(hc_eps), float(post_mult))
+
+
 def _finish(residual, part, sq, n_chunks, hc_scale, hc_base, rms_eps, hc_eps, iters, post_mult, config=None):
     n, hc, d = residual.shape
     cfg = _resolve("finish", DEFAULT_FINISH_CONFIG, None, residual.device)
     bd = min(int(cfg["block_d"]), triton.next_power_of_2(d))
-    dev = residual.device
-    y = torch.empty(n, d, dtype=torch.bfloat16, device=dev)
-    post = torch.empty(n, hc, dtype=torch.float32, device=dev)
-    comb = torch.empty(n, hc, hc, dtype=torch.float32, device=dev)
+    outs, mix_args = _pre_outputs(residual, rms_eps, hc_eps, post_mult)
     _mhc_finish_kernel[(n, triton.cdiv(d, bd))](
         residual,
         part,
         sq,
         hc_scale.float().contiguous(),
         hc_base.float().contiguous(),
-        y,
-        post,
-        comb,
+        outs,
+        mix_args,
         n,
         d,
         n_chunks,
         residual.stride(0),
         residual.stride(1),
-        y.stride(0),
-        1.0 / (hc * d),
-        float(rms_eps),
-        float(hc_eps),
-        float(post_mult),
         HC=hc,
         MIXP=part.shape[2],
         NCH=triton.next_power_of_2(n_chunks),
@@ -649,7 +639,7 @@ def _finish(residual, part, sq, n_chunks, hc_scale, hc_base, rms_eps, hc_eps, it
         BD=bd,
         num_warps=int(cfg["num_warps"]),
     )
-    return y, post, comb
+    return outs
 
 
 _WORKSPACE: dict = {}
@@ -720,13 +710,10 @@ def _pre_fused(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, iters, post_mul
         red, sync = _workspace(dev)
     if fn.dtype != torch.float32 or fn.stride(-1) != 1:
         fn = fn.float().contiguous()
-    y = torch.empty(n, d, dtype=torch.bfloat16, device=dev)
-    post = torch.empty(n, hc, dtype=torch.float32, device=dev)
-    comb = torch.empty(n, hc, hc, dtype=torch.float32, device=dev)
+    outs, mix_args = _pre_outputs(residual, rms_eps, hc_eps, post_mult)
     args = (
-        residual, fn, hc_scale.float().contiguous(), hc_base.float().contiguous(), red, sync, y, post, comb,
-        n, d, residual.stride(0), residual.stride(1), fn.stride(0), y.stride(0),
-        1.0 / (hc * d), float(rms_eps), float(hc_eps), float(post_mult),
+        residual, fn, hc_scale.float().contiguous(), hc_base.float().contiguous(), red, sync, outs, mix_args,
+        n, d, residual.stride(0), residual.stride(1), fn.stride(0),
     )
     reps = max(1, min(int(plan_cfg.get("replicas", 1)), _RED_REPLICAS, gk))
     meta = dict(HC=hc, MIX=mix, MIXP=mixp, BM=bm, CW=cw, BD=bd, GK=gk, RED_ROWS=_RED_ROWS, R=reps,
@@ -736,7 +723,7 @@ def _pre_fused(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, iters, post_mul
         meta["num_stages"] = int(plan_cfg["pipe"])
     for phase in ((1, 2) if interp else (3,)):
         _mhc_pre_fused_kernel[(groups, gk)](*args, PHASE=phase, **meta)
-    return y, post, comb
+    return outs
 
 
 def _pre_plan(residual, fn, config):
