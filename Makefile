@@ -149,15 +149,12 @@ test-site: setup
 	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH molecule test -s $$s || exit 1; done
 
 # The CPU-bound kernel and monitoring tests run while the root filesystems download and
-# unpack (debootstrap mostly waits on the network and the disk); then the lab; then the
-# site scenario beside the two role-scenario lanes. The scenarios spend most of their time
-# waiting (apt downloads, systemd, health gates): one after the other they kept the two
-# cores a third busy. Each lab has its own hosts and addresses; each job's log is printed
-# whole when it ends (make -O).
+# unpack (debootstrap mostly waits on the network and the disk); then the lab, the roles
+# and the site scenario. (The site scenario beside the role lanes took as long in all:
+# the cores are the limit there.)
 test: test-static test-unit
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-kernels test-monitoring rootfs
-	@$(MAKE) --no-print-directory test-lab
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-roles test-site
+	@$(MAKE) --no-print-directory test-lab test-roles test-site
 	$(call step,all tests passed)
 
 clean: lab-destroy
