@@ -17,7 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sm120_kernels import configs, fused_moe_w4a16 as M, routing as R  # noqa: E402
+from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F, routing as R  # noqa: E402
 from sm120_kernels.models import MODELS  # noqa: E402
 
 TARGET = GPUTarget("cuda", 120, 32)  # noqa: F841 (sm120_compile_util compiles for it)
@@ -36,14 +36,24 @@ def gemm_variants():
     """Each distinct (format, GEMM, config) among the shipped files, once."""
     seen = set()
     for v in _gemm_variants():
-        key = (v[1].__name__, json.dumps(v[3], sort_keys=True), v[4], v[5])
+        key = (v[1].__name__, json.dumps(v[3], sort_keys=True), v[4], v[5])  # same kernel build: once
         if key not in seen:
             seen.add(key)
             yield v
 
 
+FRAG_SIG = {
+    "x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "out_ptr": "*bf16", "tw_ptr": "*fp32",
+    "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_post_ptr": "*i32",
+    "num_valid": "i32", "top_k": "i32", "KG": "i32",
+    "stride_xm": "i64", "stride_we": "i64", "stride_wt": "i64", "stride_se": "i64", "stride_sn": "i64",
+    "stride_om": "i64", "up_tiles": "i32", "g_mult": "fp32", "swiglu_limit": "fp32",
+}
+
+
 def _gemm_variants():
     ptr = {"bf16": "*bf16", "i32": "*i32", "u8": "*u8", "f32": "*fp32"}
+    # the fragment kernel, in every shipped configuration (packed weights: every model)
     for fname in configs.shipped_files():
         data = configs.load_file(fname)
         for model in MODELS:
@@ -51,28 +61,35 @@ def _gemm_variants():
             for bucket, cfgs in data[fmt].items():
                 for kernel, gated in (("gate_up", True), ("down", False)):
                     c = cfgs[kernel]
-                    sig = {
-                        "x_ptr": ptr["bf16"], "w_ptr": ptr["i32"],
-                        "s_ptr": ptr["u8"] if fmt == "nvfp4" else ptr["bf16"], "g_ptr": ptr["f32"],
-                        "out_ptr": ptr["bf16"] if gated else ptr["f32"], "tw_ptr": ptr["f32"],
-                        "sorted_ids_ptr": ptr["i32"], "expert_ids_ptr": ptr["i32"], "num_post_ptr": ptr["i32"],
-                        "num_valid": "i32", "top_k": "i32", "N": "i32", "K": "i32",
-                        "stride_xm": "i64", "stride_xk": "i64",
-                        "stride_we": "i64", "stride_wn": "i64", "stride_wk": "i64",
-                        "stride_se": "i64", "stride_sn": "i64", "stride_sk": "i64",
-                        "stride_om": "i64", "up_offset": "i32", "g_mult": "fp32", "swiglu_limit": "fp32",
-                    }
-                    const = dict(FMT=M.FORMATS.index(fmt), GROUP=M.GROUP_SIZE[fmt], GATED=gated,
-                                 X_IS_SORTED=not gated, HAS_LIMIT=bool(model.swiglu_limit) and gated,
-                                 USE_ASM=True, INTERP=False, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-                                 BLOCK_K=c["BLOCK_K"])
-                    if c.get("kernel", "mma") == "fma":
-                        const["PREFETCH"] = c.get("prefetch", 2)
-                    for k, v in const.items():
-                        sig[k] = "constexpr"
-                    name = f"{fname}:{fmt}:{bucket}:{kernel}"
-                    fn = M._moe_gemv_kernel if c.get("kernel", "mma") == "fma" else M._moe_gemm_kernel
-                    yield name, fn, sig, const, c["num_warps"], c["num_stages"]
+                    sig = dict(FRAG_SIG, s_ptr=ptr["u8"] if fmt == "nvfp4" else ptr["bf16"],
+                               out_ptr=ptr["bf16"] if gated else ptr["f32"])
+                    k_words = (model.hidden if gated else model.inter) // 64
+                    const = dict(FMT=M.FORMATS.index(fmt), GATED=gated, X_IS_SORTED=not gated,
+                                 HAS_LIMIT=bool(model.swiglu_limit) and gated, NT=c["NT"], NW=c["num_warps"],
+                                 RT=1 if gated else c.get("RT", 1), PIPE=c["pipe"],
+                                 EVEN_K=k_words % c["num_warps"] == 0, INTERP=False)
+                    yield f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig, const, c["num_warps"], 1
+    # the tensor-core GEMM for weights that do not fit the fragment order
+    for model in MODELS:
+        fmt = model.fmt
+        for kernel, gated in (("gate_up", True), ("down", False)):
+            c = M.TENSOR_CORE_CONFIG[fmt][kernel]
+            sig = {
+                "x_ptr": ptr["bf16"], "w_ptr": ptr["i32"],
+                "s_ptr": ptr["u8"] if fmt == "nvfp4" else ptr["bf16"], "g_ptr": ptr["f32"],
+                "out_ptr": ptr["bf16"] if gated else ptr["f32"], "tw_ptr": ptr["f32"],
+                "sorted_ids_ptr": ptr["i32"], "expert_ids_ptr": ptr["i32"], "num_post_ptr": ptr["i32"],
+                "num_valid": "i32", "top_k": "i32", "N": "i32", "K": "i32",
+                "stride_xm": "i64", "stride_xk": "i64",
+                "stride_we": "i64", "stride_wn": "i64", "stride_wk": "i64",
+                "stride_se": "i64", "stride_sn": "i64", "stride_sk": "i64",
+                "stride_om": "i64", "up_offset": "i32", "g_mult": "fp32", "swiglu_limit": "fp32",
+            }
+            const = dict(FMT=M.FORMATS.index(fmt), GROUP=M.GROUP_SIZE[fmt], GATED=gated,
+                         X_IS_SORTED=not gated, HAS_LIMIT=bool(model.swiglu_limit) and gated,
+                         USE_ASM=True, INTERP=False, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+                         BLOCK_K=c["BLOCK_K"])
+            yield f"tensor-core:{fmt}:{kernel}", M._moe_gemm_kernel, sig, const, c["num_warps"], c["num_stages"]
 
 
 def other_variants():

@@ -21,25 +21,15 @@ def test_selftest_case(case):
     assert res.ok, res.detail
 
 
-def shipped_config(fmt, kernel):
-    """The default file's first bucket whose GEMMs use this kernel (fma: decode, mma:
-    tensor cores), so the test follows the configs that ship."""
-    from sm120_kernels import configs
-
-    buckets = configs.load_file("default.json")[fmt]
-    return next(buckets[b] for b in sorted((b for b in buckets if b.isdigit()), key=int)
-                if buckets[b]["gate_up"]["kernel"] == kernel)
-
-
-@pytest.mark.parametrize("family", ["fma", "mma"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
-def test_asm_dequant_matches_plain(fmt, family, monkeypatch):
+def test_asm_dequant_matches_plain(fmt, monkeypatch):
+    """The tensor-core GEMM (unpacked weights): inline-asm dequantisation
+    against the plain-Triton one."""
     from sm120_kernels import fused_moe_w4a16 as M
 
-    cfg = shipped_config(fmt, family)
-
+    cfg = M.TENSOR_CORE_CONFIG[fmt]
     E, H, I, T, k = 4, 1024, 256, 16, 3
-    W = M.random_weights(fmt, E, H, I, "cuda", seed=5)
+    W = M.random_weights(fmt, E, H, I, "cuda", seed=5, pack=False)
     x = torch.randn((T, H), device="cuda").to(torch.bfloat16)
     ids = torch.randint(0, E, (T, k), device="cuda", dtype=torch.int32)
     tw = torch.rand((T, k), device="cuda")
@@ -50,3 +40,24 @@ def test_asm_dequant_matches_plain(fmt, family, monkeypatch):
     # NVFP4 scales (exact in fp32)
     torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-3)
     assert registry.compare(a, b, min_cos=0.99999, max_rel=2e-3).ok
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
+@pytest.mark.parametrize("bucket", ["1", "64", "1048576"])
+def test_fragment_kernel_every_default_config(fmt, bucket):
+    """Each shipped default launch shape of the fragment kernel (inline PTX MMA)
+    against the reference, with a batch that fills several expert blocks."""
+    from sm120_kernels import configs, fused_moe_w4a16 as M
+
+    cfg = configs.load_file("default.json")[fmt][bucket]
+    E, H, I, T, k = 4, 1024, 256, 40, 3
+    W = M.random_weights(fmt, E, H, I, "cuda", seed=6)
+    assert W.packed
+    x = torch.randn((T, H), device="cuda").to(torch.bfloat16)
+    ids = torch.randint(0, E, (T, k), device="cuda", dtype=torch.int32)
+    ids[::5, 1] = -1
+    tw = torch.rand((T, k), device="cuda")
+    out = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, routed_scaling_factor=1.5, swiglu_limit=10.0)
+    ref = M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5, swiglu_limit=10.0)
+    res = registry.compare(out, ref)
+    assert res.ok, res.detail

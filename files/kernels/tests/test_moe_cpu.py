@@ -6,15 +6,22 @@ import torch
 from sm120_kernels import fused_moe_w4a16 as M
 from sm120_kernels.registry import compare
 
+from sm120_kernels import fused_moe_w4a16_frag as F
+
+# tensor-core GEMM (weights whose shapes do not fit the fragment order)
 CFG = {k: dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=1) for k in ("gate_up", "down")}
-# the CUDA-core decode kernel: 4 tokens per expert block, so experts with more
-# tokens span several blocks
-CFG_FMA = {k: dict(kernel="fma", BLOCK_M=4, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=1, prefetch=3)
-           for k in ("gate_up", "down")}
+# the fragment kernel: 8 tokens per expert block (NT 1) or 16 (NT 2), so experts
+# with more tokens span several blocks; K split over 2 warps, so the down
+# GEMM's single K group (I = 64) leaves one warp on a clamped, zero-scaled group
+CFG_FRAG = {"gate_up": dict(kernel="frag", NT=1, num_warps=2, pipe=True),
+            "down": dict(kernel="frag", NT=1, num_warps=2, pipe=True, RT=2)}
+CFG_FRAG2 = {"gate_up": dict(kernel="frag", NT=2, num_warps=1, pipe=False),
+             "down": dict(kernel="frag", NT=2, num_warps=1, pipe=False, RT=1)}
 
 
 def _run(fmt, T, E, H, I, ids, *, rsf=1.0, limit=None, kn=False, seed=0, scale=1.0, cfg=CFG):
     W = M.random_weights(fmt, E, H, I, "cpu", seed=seed, kn=kn)
+    assert W.packed == (cfg is not CFG), "shapes must pick the kernel under test"
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn((T, H), generator=g) * scale).to(torch.bfloat16)
     tw = torch.rand(ids.shape, generator=g) + 0.1
@@ -25,45 +32,52 @@ def _run(fmt, T, E, H, I, ids, *, rsf=1.0, limit=None, kn=False, seed=0, scale=1
 
 # the interpreter is slow on the CUDA-core kernel: cover it on fewer variants
 VARIANTS = [(fmt, kn, T, "mma") for fmt, kn in (("nvfp4", False), ("int4", False), ("int4", True)) for T in (1, 5)]
-VARIANTS += [("nvfp4", False, 3, "fma"), ("int4", True, 3, "fma")]
+VARIANTS += [("nvfp4", False, 3, "frag"), ("int4", True, 3, "frag"), ("nvfp4", False, 20, "frag2")]
+FAMILY_CFG = {"mma": CFG, "frag": CFG_FRAG, "frag2": CFG_FRAG2}
 
 
 @pytest.mark.parametrize("fmt,kn,T,family", VARIANTS)
 def test_moe_matches_reference(interpret, fmt, kn, T, family):
-    # H=320 (fma: 160) and I=96 are not multiples of BLOCK_K=128 / BLOCK_N=64;
-    # expert 3 gets no tokens; -1 slots belong to other ranks; 9 is out of range.
-    E, H, I, k = 4, (320 if family == "mma" else 160), 96, 3
+    # mma: H=320 and I=96 are not multiples of BLOCK_K=128 / BLOCK_N=64 (nor of
+    # the fragment order's 64 columns, so the weights stay unpacked); frag:
+    # H=128, I=64; expert 3 gets no tokens; -1 slots belong to other ranks; 9 is
+    # out of range; T=20 puts more than 16 tokens on one expert (two blocks).
+    E, H, I, k = 4, (320 if family == "mma" else 128), (96 if family == "mma" else 64), 3
     g = torch.Generator().manual_seed(T)
     ids = torch.randint(0, 3, (T, k), generator=g, dtype=torch.int32)
     ids[0] = torch.tensor([0, -1, 2], dtype=torch.int32)
     if T > 2:
         ids[1] = torch.tensor([-1, 9, -1], dtype=torch.int32)  # no local slot at all
-    out, ref, _ = _run(fmt, T, E, H, I, ids, rsf=1.5, kn=kn, seed=T, cfg=CFG if family == "mma" else CFG_FMA)
+    if family == "frag2":
+        ids[2:, 0] = 1  # 18 tokens on expert 1
+    out, ref, _ = _run(fmt, T, E, H, I, ids, rsf=1.5, kn=kn, seed=T, cfg=FAMILY_CFG[family],
+                       limit=0.5 if family == "frag2" else None)
     res = compare(out, ref)
     assert res.ok, res.detail
     if T > 2:
         assert torch.count_nonzero(out[1]) == 0
 
 
-@pytest.mark.parametrize("fmt,family", [("nvfp4", "mma"), ("int4", "mma")])
+@pytest.mark.parametrize("fmt,family", [("nvfp4", "frag"), ("int4", "frag")])
 def test_swiglu_clamp(interpret, fmt, family):
     E, H, I, T, k = 2, 256, 64, 4, 2
     ids = torch.tensor([[0, 1]] * T, dtype=torch.int32)
     # inputs scaled up so that gate/up exceed the limit
-    out, ref, _ = _run(fmt, T, E, H, I, ids, limit=0.5, scale=8.0, cfg=CFG if family == "mma" else CFG_FMA)
-    out_nolimit, ref_nolimit, _ = _run(fmt, T, E, H, I, ids, limit=None, scale=8.0)
+    out, ref, _ = _run(fmt, T, E, H, I, ids, limit=0.5, scale=8.0, cfg=FAMILY_CFG[family])
+    out_nolimit, ref_nolimit, _ = _run(fmt, T, E, H, I, ids, limit=None, scale=8.0, cfg=FAMILY_CFG[family])
     assert compare(out, ref).ok
     assert not compare(ref, ref_nolimit).ok, "clamp must change the result at this scale"
 
 
 def test_routed_scaling_factor_applied_once(interpret):
-    E, H, I, T, k = 3, 256, 64, 3, 2
+    E, H, I, T, k = 3, 128, 64, 3, 2
     ids = torch.tensor([[0, 1], [2, -1], [1, 2]], dtype=torch.int32)
     W = M.random_weights("nvfp4", E, H, I, "cpu", seed=3)
+    assert W.packed
     x = torch.randn((T, H)).to(torch.bfloat16)
     tw = torch.rand((T, k)) + 0.1
-    o1 = M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.0, config=CFG).float()  # noqa
-    o2 = M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=2.5, config=CFG).float()
+    o1 = M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.0, config=CFG_FRAG).float()  # noqa
+    o2 = M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=2.5, config=CFG_FRAG).float()
     # out(rsf) = rsf * out(1) up to one bf16 rounding
     torch.testing.assert_close(o2, 2.5 * o1, rtol=2 ** -7, atol=1e-6)
     assert not torch.allclose(o2, o1)
@@ -81,3 +95,32 @@ def test_dequant_reference_formats():
     s4 = torch.tensor([[0.25]], dtype=torch.bfloat16)
     d4 = M.dequant_reference("int4", w[:, :1].repeat(1, 4), s4, torch.tensor(1.0)).float()[0]
     assert d4[:8].tolist() == [(q - 8) * 0.25 for q in range(8)]
+
+
+def test_frag_pack_layout():
+    """frag_pack puts lane (g, q)'s A values of each 16 x 16 tile into one word
+    (nibbles i and i + 4 = bf16x2 register a_i of the m16n8k16 A fragment) and
+    round-trips; K is permuted within 64-column groups as documented."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randint(-2**31, 2**31 - 1, (2, 32, 16), generator=g, dtype=torch.int32)
+    f = F.frag_pack(w)
+    assert f.shape == (2, 2, 2, 32, 4)
+    assert torch.equal(F.frag_unpack(f), w)
+    nib = ((w[1].unsqueeze(-1) >> torch.arange(0, 32, 4)) & 0xF).reshape(32, 128)
+    for rt, kg, lane, j in ((0, 0, 0, 0), (1, 1, 29, 3), (0, 1, 6, 2)):
+        gi, q = lane // 4, lane % 4
+        word = int(f[1, rt, kg, lane, j]) & 0xFFFFFFFF
+        got = [(word >> (4 * i)) & 0xF for i in range(8)]
+
+        def a(row, c):  # A[row][c] of tile (rt, kg, j): K column 64 kg + 16 q' + 4 j + 2 ch + hi
+            ch, qq, hi = c // 8, (c % 8) // 2, c % 2
+            return int(nib[16 * rt + row, 64 * kg + 16 * qq + 4 * j + 2 * ch + hi])
+
+        want = [a(gi, 2 * q), a(gi + 8, 2 * q), a(gi, 2 * q + 8), a(gi + 8, 2 * q + 8),
+                a(gi, 2 * q + 1), a(gi + 8, 2 * q + 1), a(gi, 2 * q + 9), a(gi + 8, 2 * q + 9)]
+        assert got == want, (rt, kg, lane, j)
+
+
+def test_unpackable_shapes_stay_in_checkpoint_order():
+    W = M.random_weights("int4", 2, 320, 96, "cpu", kn=True)
+    assert not W.packed and W.w13.shape == (2, 192, 40)

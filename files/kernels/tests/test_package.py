@@ -43,7 +43,9 @@ def test_configs_ship_rtx_pro_6000_h200_and_default():
         for fmt in ("nvfp4", "int4"):
             for b in (1, 8, 32, 64, 4096):
                 cfg = configs.pick(data, fmt, b)
-                assert cfg["gate_up"]["BLOCK_M"] == cfg["down"]["BLOCK_M"]
+                # packed weights (every supported model) run on the fragment kernel
+                assert cfg["gate_up"]["kernel"] == cfg["down"]["kernel"] == "frag"
+                assert cfg["gate_up"]["NT"] == cfg["down"]["NT"]
 
 
 def test_ep8_share_matches_expectation():

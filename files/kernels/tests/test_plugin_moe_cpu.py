@@ -16,7 +16,10 @@ from sm120_kernels import plugin  # noqa: E402
 from sm120_kernels.registry import compare  # noqa: E402
 
 E, H, I, T, K = 3, 256, 64, 4, 2
-CFG = {k: dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=1) for k in ("gate_up", "down")}
+# the fragment kernel (the plugin packs the weights); the down GEMM's single K
+# group split over 2 warps exercises the clamped-group path
+CFG = {"gate_up": dict(kernel="frag", NT=1, num_warps=2, pipe=True),
+       "down": dict(kernel="frag", NT=1, num_warps=2, pipe=True, RT=2)}
 
 
 def _runner_cfg(rsf=None, limit=None):
@@ -27,7 +30,7 @@ def _runner_cfg(rsf=None, limit=None):
 
 
 def _layer(fmt, rsf, fused_rsf, limit):
-    W = M.random_weights(fmt, E, H, I, "cpu", seed=11, kn=fmt == "int4")
+    W = M.random_weights(fmt, E, H, I, "cpu", seed=11, kn=fmt == "int4", pack=False)  # checkpoint order
     P = torch.nn.Parameter
     if fmt == "nvfp4":
         layer = SimpleNamespace(
@@ -66,8 +69,13 @@ def test_hooks_run_our_kernel(interpret, monkeypatch, fmt, fused_rsf):
     def must_not_run(*a, **k):
         raise AssertionError("SGLang's original ran for a layer we took over")
 
+    before = (layer.w13_weight if fmt == "nvfp4" else layer.w13_weight_packed).shape
     assert plugin._around_process_weights(must_not_run, method, layer) is None
-    assert getattr(layer, plugin._ATTR) is not None
+    ours = getattr(layer, plugin._ATTR)
+    assert ours is not None and ours.packed
+    # the layer's parameter now shares our packed words, in the shape SGLang loaded
+    param = layer.w13_weight if fmt == "nvfp4" else layer.w13_weight_packed
+    assert param.shape == before and param.data_ptr() == ours.w13.data_ptr()
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn((T, H), generator=g).to(torch.bfloat16)

@@ -350,270 +350,6 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
-def _ld_x8_asm(p):
-    # the eight bf16 activations of one word, one 16-byte load, as four bf16
-    # pairs (element 2i in the low half, 2i + 1 in the high half). Elementwise
-    # inline asm: it runs in whatever register layout the words have, so the
-    # activations never go through shared memory.
-    return tl.inline_asm_elementwise(
-        asm="ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
-        constraints="=r,=r,=r,=r,l",
-        args=[p],
-        dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
-        is_pure=True,
-        pack=1,
-    )
-
-
-@triton.jit
-def _ld_u8_asm(p):
-    return tl.inline_asm_elementwise(
-        asm="ld.global.nc.u8 $0, [$1];", constraints="=r,l", args=[p], dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _ld_b16_asm(p):
-    return tl.inline_asm_elementwise(
-        asm="ld.global.nc.b16 $0, [$1];", constraints="=h,l", args=[p], dtype=tl.bfloat16, is_pure=True, pack=1)
-
-
-@triton.jit
-def _lo_f32(v):
-    return (v << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _hi_f32(v):
-    return (v & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _x_planes(x_ptr, row, kw, kwc, mask_k, stride_xk, USE_ASM: tl.constexpr):
-    """x[row, 8 * kw + i] for i = 0..7 as fp32, each [BK8] in the words' layout.
-    kwc: kw clamped into range (the asm load has no mask; masked words have
-    zero weights, so their activations only need to be finite)."""
-    if USE_ASM:
-        v0, v1, v2, v3 = _ld_x8_asm(x_ptr + row + kwc * 8)
-        return (_lo_f32(v0), _hi_f32(v0), _lo_f32(v1), _hi_f32(v1),
-                _lo_f32(v2), _hi_f32(v2), _lo_f32(v3), _hi_f32(v3))
-    else:
-        xp = x_ptr + row + (kw * 8) * stride_xk
-        return (tl.load(xp, mask=mask_k, other=0.0).to(tl.float32),
-                tl.load(xp + 1 * stride_xk, mask=mask_k, other=0.0).to(tl.float32),
-                tl.load(xp + 2 * stride_xk, mask=mask_k, other=0.0).to(tl.float32),
-                tl.load(xp + 3 * stride_xk, mask=mask_k, other=0.0).to(tl.float32),
-                tl.load(xp + 4 * stride_xk, mask=mask_k, other=0.0).to(tl.float32),
-                tl.load(xp + 5 * stride_xk, mask=mask_k, other=0.0).to(tl.float32),
-                tl.load(xp + 6 * stride_xk, mask=mask_k, other=0.0).to(tl.float32),
-                tl.load(xp + 7 * stride_xk, mask=mask_k, other=0.0).to(tl.float32))
-
-
-@triton.jit
-def _fma8(acc, q, xs):
-    # acc[n, j] += sum_i w_i[n, j] * x[8j + i]: FMAs only, reduced once at the end
-    for i in tl.static_range(8):
-        acc += q[i].to(tl.float32) * xs[i][None, :]
-    return acc
-
-
-@triton.jit
-def _gemv_ld(w_base, s_base, k0, offs_j, mask_n, KW, stride_wk, stride_sk,
-             FMT: tl.constexpr, BK8: tl.constexpr, WPG: tl.constexpr, USE_ASM: tl.constexpr):
-    """One K tile: words [BLOCK_N, BK8] and one scale per word (raw), zero
-    where masked (a zero scale makes the weight 0 in both formats)."""
-    kw = k0 * BK8 + offs_j
-    m = mask_n[:, None] & (kw < KW)[None, :]
-    w = tl.load(w_base + kw[None, :] * stride_wk, mask=m, other=0)
-    kg = tl.minimum(kw, KW - 1) // WPG
-    sp = s_base + kg[None, :] * stride_sk
-    if USE_ASM:
-        # per-word loads in the words' own layout (a tl.load would get a
-        # layout of its own and a shared-memory conversion per tile)
-        if FMT == 0:
-            s = tl.where(m, _ld_u8_asm(sp), 0)
-        else:
-            s = tl.where(m, _ld_b16_asm(sp), 0.0)
-    else:
-        s = tl.load(sp, mask=m, other=0)
-    return w, s
-
-
-@triton.jit
-def _gemv_dq(w, s, FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr):
-    return _dq8(w, _cvt_scale(s, FMT, USE_ASM), FMT, USE_ASM, INTERP)
-
-
-@triton.jit
-def _moe_gemv_kernel(
-    x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr,
-    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-    num_valid, top_k, N, K,
-    stride_xm, stride_xk,
-    stride_we, stride_wn, stride_wk,
-    stride_se, stride_sn, stride_sk,
-    stride_om,
-    up_offset, g_mult, swiglu_limit,
-    FMT: tl.constexpr, GROUP: tl.constexpr, GATED: tl.constexpr,
-    X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
-):
-    """Decode path: up to BLOCK_M (1, 2 or 4) tokens of one expert on CUDA cores.
-
-    The dequantised weights stay in the load's register layout (no shared
-    memory). The activations of each word are one 16-byte load in the words'
-    layout (x's last dim must be contiguous; inline asm, so no layout
-    conversion), split in registers into the eight nibble planes; the
-    products accumulate per (row, word) in fp32 and are reduced across threads
-    once, after the K loop. The next PREFETCH - 1 K tiles' words and scales are
-    in flight while the current one is used (Triton does not pipeline loads
-    that feed no tl.dot). The grid's second axis walks the expert blocks
-    (persistent), so no program is launched for the padding blocks.
-    Same inputs and outputs as _moe_gemm_kernel.
-    """
-    pid_n = tl.program_id(0)
-    num_post = tl.load(num_post_ptr)
-    nblk = num_post // BLOCK_M
-    BK8: tl.constexpr = BLOCK_K // 8
-    WPG: tl.constexpr = GROUP // 8
-    ar = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
-    offs_j = tl.arange(0, BK8)
-    KW = K // 8
-    nk = tl.cdiv(KW, BK8)
-    for mb in range(tl.program_id(1), nblk, tl.num_programs(1)):
-        offs_m = mb * BLOCK_M + ar
-        ids = tl.load(sorted_ids_ptr + offs_m)
-        valid_m = ids < num_valid
-        cnt = tl.sum(valid_m.to(tl.int32), axis=0)
-        e = tl.load(expert_ids_ptr + mb).to(tl.int64)
-        if X_IS_SORTED:
-            xr = offs_m.to(tl.int64)
-        else:
-            xr = (ids // top_k).to(tl.int64)
-        xr = tl.where(valid_m, xr, 0) * stride_xm
-        r0 = tl.sum(tl.where(ar == 0, xr, 0), axis=0)
-        r1 = tl.sum(tl.where(ar == 1, xr, 0), axis=0)
-        r2 = tl.sum(tl.where(ar == 2, xr, 0), axis=0)
-        r3 = tl.sum(tl.where(ar == 3, xr, 0), axis=0)
-        w_base = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-        # rows past N: clamped (their scale loads are unmasked on the asm path)
-        s_base = s_ptr + e * stride_se + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_sn
-        wu_base = w_base + up_offset * stride_wn
-        su_base = s_base + up_offset * stride_sn
-
-        a0 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
-        a1 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
-        a2 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
-        a3 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
-        u0 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
-        u1 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
-        u2 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
-        u3 = tl.zeros((BLOCK_N, BK8), dtype=tl.float32)
-        # register pipeline: tiles k0 + 1 .. k0 + PREFETCH - 1 are in flight
-        wa, sa = _gemv_ld(w_base, s_base, 0, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
-        wua = wa
-        sua = sa
-        if GATED:
-            wua, sua = _gemv_ld(wu_base, su_base, 0, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
-        if PREFETCH > 2:
-            wb, sb = _gemv_ld(w_base, s_base, 1, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
-            wub = wb
-            sub = sb
-            if GATED:
-                wub, sub = _gemv_ld(wu_base, su_base, 1, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
-        for k0 in range(0, nk):
-            w = wa
-            s = sa
-            wu = wua
-            su = sua
-            if PREFETCH > 2:
-                wa = wb
-                sa = sb
-                wua = wub
-                sua = sub
-                wb, sb = _gemv_ld(w_base, s_base, k0 + 2, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
-                wub = wb
-                sub = sb
-                if GATED:
-                    wub, sub = _gemv_ld(wu_base, su_base, k0 + 2, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
-            elif PREFETCH > 1:
-                wa, sa = _gemv_ld(w_base, s_base, k0 + 1, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
-                wua = wa
-                sua = sa
-                if GATED:
-                    wua, sua = _gemv_ld(wu_base, su_base, k0 + 1, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8, WPG, USE_ASM)
-            else:
-                # no prefetch: each tile is loaded right before use (one-tile
-                # configs, BLOCK_K >= K, where every load is in flight at once)
-                if k0 + 1 < nk:
-                    wa, sa = _gemv_ld(w_base, s_base, k0 + 1, offs_j, mask_n, KW, stride_wk, stride_sk, FMT, BK8,
-                                      WPG, USE_ASM)
-                    wua = wa
-                    sua = sa
-                    if GATED:
-                        wua, sua = _gemv_ld(wu_base, su_base, k0 + 1, offs_j, mask_n, KW, stride_wk, stride_sk, FMT,
-                                            BK8, WPG, USE_ASM)
-            kw = k0 * BK8 + offs_j
-            mask_k = kw < KW
-            kwc = tl.minimum(kw, KW - 1)
-            q = _gemv_dq(w, s, FMT, USE_ASM, INTERP)
-            if GATED:
-                qu = _gemv_dq(wu, su, FMT, USE_ASM, INTERP)
-            xs = _x_planes(x_ptr, r0, kw, kwc, mask_k, stride_xk, USE_ASM)
-            a0 = _fma8(a0, q, xs)
-            if GATED:
-                u0 = _fma8(u0, qu, xs)
-            if BLOCK_M > 1:
-                if cnt > 1:
-                    xs = _x_planes(x_ptr, r1, kw, kwc, mask_k, stride_xk, USE_ASM)
-                    a1 = _fma8(a1, q, xs)
-                    if GATED:
-                        u1 = _fma8(u1, qu, xs)
-            if BLOCK_M > 2:
-                if cnt > 2:
-                    xs = _x_planes(x_ptr, r2, kw, kwc, mask_k, stride_xk, USE_ASM)
-                    a2 = _fma8(a2, q, xs)
-                    if GATED:
-                        u2 = _fma8(u2, qu, xs)
-                if cnt > 3:
-                    xs = _x_planes(x_ptr, r3, kw, kwc, mask_k, stride_xk, USE_ASM)
-                    a3 = _fma8(a3, q, xs)
-                    if GATED:
-                        u3 = _fma8(u3, qu, xs)
-
-        g = tl.load(g_ptr + e) * g_mult
-        for m in tl.static_range(BLOCK_M):
-            if m == 0:
-                acc = a0
-                accu = u0
-            elif m == 1:
-                acc = a1
-                accu = u1
-            elif m == 2:
-                acc = a2
-                accu = u2
-            else:
-                acc = a3
-                accu = u3
-            if m < cnt:
-                idm = tl.sum(tl.where(ar == m, ids, 0), axis=0)
-                y = tl.sum(acc, axis=1) * g
-                if GATED:
-                    up = tl.sum(accu, axis=1) * g
-                    gate = y
-                    if HAS_LIMIT:
-                        gate = tl.minimum(gate, swiglu_limit)
-                        up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
-                    h = gate / (1.0 + tl.exp(-gate)) * up
-                    row = mb * BLOCK_M + m
-                    tl.store(out_ptr + row.to(tl.int64) * stride_om + offs_n, _to_bf16(h, INTERP), mask=mask_n)
-                else:
-                    tw = tl.load(tw_ptr + idm).to(tl.float32)
-                    tl.store(out_ptr + idm.to(tl.int64) * stride_om + offs_n, y * tw, mask=mask_n)
-
-
-@triton.jit
 def _combine_kernel(buf_ptr, ids_ptr, out_ptr, top_k, H, num_local, rsf,
                     stride_bm, stride_om, BLOCK_H: tl.constexpr, INTERP: tl.constexpr):
     t = tl.program_id(0)
@@ -644,6 +380,8 @@ class W4A16Weights:
     rows of contiguous words are what the decode kernel reads fastest;
     s: scales [E, N, K/group] with arbitrary strides (uint8 e4m3 bits or bf16);
     g: fp32 per-expert global scale [E] (ones for int4).
+    packed: w13/w2 are in fused_moe_w4a16_frag's fragment order
+    ([E, N/16, K/64, 32, 4]); scales stay as they are.
     """
 
     fmt: str
@@ -653,6 +391,7 @@ class W4A16Weights:
     w2: torch.Tensor
     s2: torch.Tensor
     g2: torch.Tensor
+    packed: bool = False
 
     @property
     def num_experts(self) -> int:
@@ -660,11 +399,21 @@ class W4A16Weights:
 
     @property
     def hidden(self) -> int:
-        return self.w13.shape[2] * 8
+        return self.w13.shape[2] * (64 if self.packed else 8)
 
     @property
     def inter(self) -> int:
-        return self.w13.shape[1] // 2
+        return self.w13.shape[1] * (16 if self.packed else 1) // 2
+
+    def words(self, which: str) -> torch.Tensor:
+        """w13 or w2 as [E, N, K/8] words (unpacked again if packed; tests and
+        the reference)."""
+        w = getattr(self, which)
+        if not self.packed:
+            return w
+        from .fused_moe_w4a16_frag import frag_unpack
+
+        return frag_unpack(w)
 
 
 def _as_words(w: torch.Tensor, kn: bool) -> torch.Tensor:
@@ -684,12 +433,26 @@ def _as_scales(s: torch.Tensor, kn: bool) -> torch.Tensor:
     return s.transpose(1, 2).contiguous() if kn else s
 
 
-def make_weights(fmt, w13, s13, w2, s2, g13=None, g2=None, kn=False) -> W4A16Weights:
+def packable(n: int, k: int) -> bool:
+    """Whether an [N, K] weight fits the fragment order (16-row, 64-column tiles)."""
+    return n % 16 == 0 and k % 64 == 0
+
+
+def make_weights(fmt, w13, s13, w2, s2, g13=None, g2=None, kn=False, pack=True) -> W4A16Weights:
     """Wrap checkpoint tensors. kn=True: compressed-tensors as SGLang loads it
     ([E, K/8, N] words, [E, K/32, N] scales), repacked here to [E, N, K/8] and
-    [E, N, K/32] contiguous (a copy: the caller drops the originals)."""
+    [E, N, K/32] contiguous (a copy: the caller drops the originals).
+    pack: put the words in fragment order (fused_moe_w4a16_frag.frag_pack, a
+    copy) when both GEMMs' shapes allow it; such weights run on the fragment
+    kernel at every batch size, others on the tensor-core GEMM below."""
     assert fmt in FORMATS
     w13v, w2v = _as_words(w13, kn), _as_words(w2, kn)
+    if pack and packable(w13v.shape[1], w13v.shape[2] * 8) and packable(w2v.shape[1], w2v.shape[2] * 8):
+        from .fused_moe_w4a16_frag import frag_pack
+
+        w13v, w2v = frag_pack(w13v), frag_pack(w2v)
+    else:
+        pack = False
     e = w13v.shape[0]
     dev = w13.device
     if g13 is None:
@@ -698,13 +461,23 @@ def make_weights(fmt, w13, s13, w2, s2, g13=None, g2=None, kn=False) -> W4A16Wei
         g2 = torch.ones(e, dtype=torch.float32, device=dev)
     g13 = g13.reshape(e, -1)[:, 0].float().contiguous()
     g2 = g2.reshape(e, -1)[:, 0].float().contiguous()
-    return W4A16Weights(fmt, w13v, _as_scales(s13, kn), g13, w2v, _as_scales(s2, kn), g2)
+    return W4A16Weights(fmt, w13v, _as_scales(s13, kn), g13, w2v, _as_scales(s2, kn), g2, packed=pack)
 
 
 def _use_asm() -> bool:
     if _interpreting():
         return False
     return os.environ.get("SM120_KERNELS_NO_ASM", "0") != "1"
+
+
+# Weights whose shapes do not fit the fragment order (not a multiple of 16 rows
+# or 64 columns; no supported model) run on the tensor-core GEMM with these
+# tiles (they fit sm_120's shared memory).
+TENSOR_CORE_CONFIG = {
+    fmt: {"gate_up": dict(kernel="mma", BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4),
+          "down": dict(kernel="mma", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=3)}
+    for fmt in FORMATS
+}
 
 
 def _gemm(x, W, s, g, out, tw, align, top_k, N, K, fmt, cfg, gated, x_sorted,
@@ -714,15 +487,8 @@ def _gemm(x, W, s, g, out, tw, align, top_k, N, K, fmt, cfg, gated, x_sorted,
     fmt_id = FORMATS.index(fmt)
     g_mult = 2.0 ** (126 - _NVFP4_ASM_SCALE_SHIFT) if (use_asm and fmt_id == 0) else 1.0
     bm = cfg["BLOCK_M"]
-    kernel = _moe_gemv_kernel if cfg.get("kernel", "mma") == "fma" else _moe_gemm_kernel
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), expert_ids.shape[0])
-    if kernel is _moe_gemv_kernel:
-        assert bm <= 4, "the CUDA-core path unrolls at most 4 tokens per block"
-        assert x.stride(1) == 1, "the CUDA-core path loads x rows as 16-byte vectors"
-        # persistent over the expert blocks: as many programs per column tile
-        # as there can be non-empty experts, not one per padded block
-        grid = (grid[0], max(1, min(grid[1], W.shape[0], num_valid)))
-    kernel[grid](
+    _moe_gemm_kernel[grid](
         x, W, s, g, out, tw,
         sorted_ids, expert_ids, num_post,
         num_valid, top_k, N, K,
@@ -735,7 +501,6 @@ def _gemm(x, W, s, g, out, tw, align, top_k, N, K, fmt, cfg, gated, x_sorted,
         HAS_LIMIT=bool(swiglu_limit), USE_ASM=use_asm, INTERP=_interpreting(),
         BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **({"PREFETCH": cfg.get("prefetch", 2)} if kernel is _moe_gemv_kernel else {}),
     )
 
 
@@ -763,8 +528,13 @@ def fused_moe_w4a16(
     E = weights.num_experts
     I = weights.inter
     assert H == weights.hidden, (H, weights.hidden)
+    if weights.packed:
+        from .fused_moe_w4a16_frag import fused_moe_w4a16_frag
+
+        return fused_moe_w4a16_frag(x, weights, topk_weights, topk_ids, routed_scaling_factor=routed_scaling_factor,
+                                    swiglu_limit=swiglu_limit, config=config or get_config(weights.fmt, T), out=out)
     assert weights.w2.shape[1] == H and weights.w2.shape[2] * 8 == I
-    cfg = config or get_config(weights.fmt, T, H, I, E, k)
+    cfg = config or TENSOR_CORE_CONFIG[weights.fmt]
     c1, c2 = cfg["gate_up"], cfg["down"]
     bm = c1["BLOCK_M"]
     assert c2["BLOCK_M"] == bm, "both GEMMs share one alignment"
@@ -836,12 +606,13 @@ def moe_w4a16_reference(
     E, I = weights.num_experts, weights.inter
     acc = torch.zeros((T, H), dtype=torch.float32, device=x.device)
     ids = topk_ids.long()
+    words13, words2 = weights.words("w13"), weights.words("w2")
     for e in torch.unique(ids).tolist():
         if e < 0 or e >= E:
             continue
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
-        w13 = dequant_reference(weights.fmt, weights.w13[e], weights.s13[e], weights.g13[e])
-        w2 = dequant_reference(weights.fmt, weights.w2[e], weights.s2[e], weights.g2[e])
+        w13 = dequant_reference(weights.fmt, words13[e], weights.s13[e], weights.g13[e])
+        w2 = dequant_reference(weights.fmt, words2[e], weights.s2[e], weights.g2[e])
         h = x[tok].float() @ w13.float().t()
         gate, up = h[:, :I], h[:, I:]
         if swiglu_limit:
@@ -858,9 +629,11 @@ def moe_w4a16_reference(
 # --------------------------------------------------------------------------
 
 
-def random_weights(fmt: str, E: int, H: int, I: int, device, seed: int = 0, kn: bool = False) -> W4A16Weights:
-    """Checkpoint-shaped random weights. Scales are chosen so that activations
-    keep unit-ish magnitude through both GEMMs."""
+def random_weights(fmt: str, E: int, H: int, I: int, device, seed: int = 0, kn: bool = False,
+                   pack: bool = True) -> W4A16Weights:
+    """Checkpoint-shaped random weights (pack=False: left in checkpoint word
+    order). Scales are chosen so that activations keep unit-ish magnitude
+    through both GEMMs."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
     def words(n, k):
@@ -878,15 +651,15 @@ def random_weights(fmt: str, E: int, H: int, I: int, device, seed: int = 0, kn: 
         s2 = scales(H, I, 1.0 / math.sqrt(I) / 2)
         g13 = torch.full((E,), 1.0 / 64, device=device)
         g2 = torch.full((E,), 1.0 / 64, device=device)
-        return make_weights(fmt, w13, s13, w2, s2, g13, g2)
+        return make_weights(fmt, w13, s13, w2, s2, g13, g2, pack=pack)
     w13 = words(2 * I, H).view(torch.int32)
     w2 = words(H, I).view(torch.int32)
     s13 = ((torch.rand((E, 2 * I, H // 32), generator=gen) * 0.5 + 0.75) / math.sqrt(H) / 4).to(torch.bfloat16).to(device)
     s2 = ((torch.rand((E, H, I // 32), generator=gen) * 0.5 + 0.75) / math.sqrt(I) / 4).to(torch.bfloat16).to(device)
     if kn:  # SGLang's compressed-tensors layout: [E, K/8, N]
         return make_weights(fmt, w13.transpose(1, 2).contiguous(), s13.transpose(1, 2).contiguous(),
-                            w2.transpose(1, 2).contiguous(), s2.transpose(1, 2).contiguous(), kn=True)
-    return make_weights(fmt, w13, s13, w2, s2)
+                            w2.transpose(1, 2).contiguous(), s2.transpose(1, 2).contiguous(), kn=True, pack=pack)
+    return make_weights(fmt, w13, s13, w2, s2, pack=pack)
 
 
 def weight_bytes_per_expert(fmt: str, H: int, I: int) -> int:
@@ -948,7 +721,7 @@ def selftest_cases():
 
     cases = []
     for m in MODELS:
-        for b in (1, 8, 64, 256):  # 256: the tensor-core (prefill) kernel
+        for b in (1, 8, 64, 256):  # 256: 16-token blocks (prefill bucket)
             cases.append(SelfTestCase(f"moe_w4a16[{m.name},{m.fmt},ep8,batch={b}]", _selftest_moe(m, b, "ep8")))
         cases.append(SelfTestCase(f"moe_w4a16[{m.name},{m.fmt},all-local,batch=32]", _selftest_moe(m, 32, "all")))
     return cases
@@ -962,22 +735,20 @@ def moe_bytes(model, batch: int, n_active: int) -> int:
 # (fmt, batch) -> {"gate_up": cfg, "down": cfg}; set by bench --tune
 _BENCH_CONFIG_OVERRIDE: dict = {}
 
-# candidates for bench --tune, per BLOCK_M family (both GEMMs share one
-# alignment); each compiles for sm_120 without spills
-def _c(kernel, bm, bn, bk, w, st, prefetch=None):
-    c = dict(kernel=kernel, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=st)
-    if prefetch:
-        c["prefetch"] = prefetch
+# candidates for bench --tune: the fragment kernel's launch shapes (warps that
+# split K, the next K group's loads issued before this one's MMAs or after,
+# down GEMM row tiles per program); one family, both GEMMs share BLOCK_M = 8 NT.
+def _frag(nw, pipe, rt=None, nt=1):
+    c = dict(kernel="frag", NT=nt, num_warps=nw, pipe=pipe)
+    if rt:
+        c["RT"] = rt
     return c
 
 
 TUNE_FAMILIES = {
-    # decode (CUDA cores). Small per-thread tiles with the words of the next two
-    # K tiles in flight won on the H200; one-tile programs (BLOCK_K >= K) keep
-    # the whole dequantised tile live and spill.
-    "fma": ([_c("fma", 4, 4, 512, 4, 1, 3), _c("fma", 4, 4, 512, 8, 1, 3), _c("fma", 4, 8, 512, 8, 1, 3)],
-            [_c("fma", 4, 16, 512, 4, 1, 3), _c("fma", 4, 8, 512, 4, 1, 3), _c("fma", 4, 16, 256, 4, 1, 3),
-             _c("fma", 4, 16, 512, 8, 1, 3), _c("fma", 4, 32, 512, 8, 1, 3)]),
+    "frag": ([_frag(4, False)] + [_frag(nw, p) for nw in (1, 2, 4, 8) for p in (True, False) if (nw, p) != (4, False)],
+             [_frag(2, False, 2)] + [_frag(nw, p, rt) for nw in (1, 2, 4, 8) for p in (True, False) for rt in (1, 2)
+                                     if (nw, p, rt) != (2, False, 2)]),
 }
 
 
@@ -1014,9 +785,11 @@ def _bench_moe(model, batch):
         except Exception as exc:  # keep eager timing, say so
             graph = None
             print(f"# graph capture failed for {model.name} b={batch}: {exc}")
+        # the reference reads checkpoint-order words: unpack once, outside the timing
+        W_ref = W4A16Weights(W.fmt, W.words("w13"), W.s13, W.g13, W.words("w2"), W.s2, W.g2)
         return BenchSpec(
             fn=fn, bytes=moe_bytes(model, batch, len(active)),
-            ref_fn=lambda: moe_w4a16_reference(x, W, tw, ids, **kw),
+            ref_fn=lambda: moe_w4a16_reference(x, W_ref, tw, ids, **kw),
             extra={"model": model.name, "fmt": model.fmt, "active_experts": len(active),
                    "local_slots": int((ids >= 0).sum().item()), "cuda_graph": graph is not None,
                    "_graph": graph})

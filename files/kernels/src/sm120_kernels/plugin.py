@@ -235,9 +235,20 @@ def _modelopt_weights(layer):
     s13 = layer.w13_weight_scale_2
     if s13.dim() == 2 and s13.shape[1] >= 2 and not bool((s13[:, 0] == s13[:, 1]).all()):
         return None  # gate and up with different global scales: not covered
-    return make_weights("nvfp4", layer.w13_weight.data, layer.w13_weight_scale.data,
-                        layer.w2_weight.data, layer.w2_weight_scale.data,
-                        s13.data, layer.w2_weight_scale_2.data)
+    W = make_weights("nvfp4", layer.w13_weight.data, layer.w13_weight_scale.data,
+                     layer.w2_weight.data, layer.w2_weight_scale.data,
+                     s13.data, layer.w2_weight_scale_2.data)
+    _rebind(layer.w13_weight, W.w13)
+    _rebind(layer.w2_weight, W.w2)
+    return W
+
+
+def _rebind(param, words):
+    """Point the layer's weight parameter at our repacked words (same bytes,
+    viewed in the parameter's dtype and shape), so the checkpoint-order copy is
+    freed and SGLang still sees the shapes it loaded."""
+    if words.data_ptr() != param.data.data_ptr():
+        param.data = words.view(param.dtype).view(param.shape)
 
 
 def _ct_weights(method, layer):
@@ -248,13 +259,14 @@ def _ct_weights(method, layer):
     if not getattr(method, "sym", True) or getattr(method, "actorder", None):
         return None
     # SGLang loads compressed-tensors MoE weights transposed: [E, K/8, N];
-    # make_weights repacks them to [E, N, K/8]. The layer's parameters become
-    # views of the repacked tensors (same shapes), so the originals are freed.
+    # make_weights repacks the words to fragment order and the scales to
+    # [E, N, K/32]. The layer's parameters become views of the repacked tensors
+    # (same shapes), so the originals are freed.
     W = make_weights("int4", layer.w13_weight_packed.data, layer.w13_weight_scale.data,
                      layer.w2_weight_packed.data, layer.w2_weight_scale.data, kn=True)
-    layer.w13_weight_packed.data = W.w13.transpose(1, 2)
+    _rebind(layer.w13_weight_packed, W.w13)
+    _rebind(layer.w2_weight_packed, W.w2)
     layer.w13_weight_scale.data = W.s13.transpose(1, 2)
-    layer.w2_weight_packed.data = W.w2.transpose(1, 2)
     layer.w2_weight_scale.data = W.s2.transpose(1, 2)
     return W
 

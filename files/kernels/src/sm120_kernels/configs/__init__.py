@@ -6,8 +6,11 @@ File name: the CUDA device name with every run of non-alphanumerics replaced by
 safe fallback: its tiles fit sm_120's 101,376 B of shared memory.
 
 Layout: {format: {max_tokens: {"gate_up": cfg, "down": cfg}}}; the first bucket
-whose max_tokens >= the batch is used, else the largest. cfg holds BLOCK_M,
-BLOCK_N, BLOCK_K, num_warps, num_stages.
+whose max_tokens >= the batch is used, else the largest. cfg is for the
+fragment kernel (fused_moe_w4a16_frag, what packed weights run on): kernel
+"frag", NT (8 NT tokens per expert block), num_warps (the warps that split K),
+pipe (the next K group's loads issued before this group's MMAs) and, for the
+down GEMM, RT (row tiles per program).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import re
 from importlib import resources
 
-KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
+KEYS = {"frag": ("NT", "num_warps", "pipe"), "mma": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")}
 
 
 def device_file_name(device_name: str) -> str:
@@ -39,9 +42,14 @@ def load_file(name: str) -> dict:
             continue
         for bucket in buckets.values():
             for kernel in ("gate_up", "down"):
-                missing = [k for k in KEYS if k not in bucket[kernel]]
+                kind = bucket[kernel].get("kernel")
+                if kind not in KEYS:
+                    raise ValueError(f"{name}: {fmt}/{kernel}: unknown kernel {kind!r}")
+                missing = [k for k in KEYS[kind] if k not in bucket[kernel]]
                 if missing:
                     raise ValueError(f"{name}: {fmt}/{kernel} lacks {missing}")
+            if bucket["gate_up"].get("NT") != bucket["down"].get("NT"):
+                raise ValueError(f"{name}: {fmt}: gate_up and down must share NT (one alignment)")
     return data
 
 

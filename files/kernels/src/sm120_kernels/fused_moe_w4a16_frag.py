@@ -1,0 +1,560 @@
+"""W4A16 MoE expert GEMMs on the tensor cores from registers: fragment-packed
+4-bit weights, one ``mma.sync.m16n8k16`` per 32-bit word and lane.
+
+Decode MoE is a stream of 4-bit weights past a handful of tokens. What limits it
+is keeping enough weight bytes in flight and spending few instructions and few
+L1 transactions per weight, not arithmetic. This kernel therefore
+
+* stores each expert's weights once, at load time, in the order the tensor
+  core's A fragment wants them (``frag_pack``): for a 16-row x 16-column tile
+  each of the 32 lanes owns one int32 word holding exactly its eight A values,
+  and the four K tiles of a 64-column group are one 16-byte load per lane. No
+  shared memory, no shuffles: a warp reads 512 contiguous bytes per row tile
+  and K group;
+* permutes K inside each 64-column group (weights at pack time, so the
+  activations need no copy) so that a lane's B registers for the whole group
+  are 32 contiguous bytes of its token's row: two 16-byte loads, skipped for
+  padding token slots;
+* dequantises a word into the four bf16x2 A registers with inline PTX (the bit
+  tricks of ``fused_moe_w4a16``) and runs one ``mma.sync.m16n8k16`` (fp32)
+  against up to 8 tokens (``NT`` = 2: 16 tokens, the A registers reused);
+* applies the block scale in fp32 after each K tile's MMA (NVFP4's group of 16
+  is exactly one K tile; INT4's group of 32 is two), and the expert's global
+  scale once at the end;
+* splits K over the warps of a program (warp w takes groups w, w + NW, ...),
+  keeps the next group's words in flight while the current one is multiplied,
+  and adds the warps' partial sums once, after the K loop.
+
+Fragment layout (``frag_pack``), per expert: ``[N/16, K/64, 32, 4]`` int32, the
+last index the K tile j within the group. Tile (r, group kg, j) covers rows
+16r .. 16r + 15 and the 16 columns 64kg + 16q + 4j + 2ch + hi (q = 0..3,
+ch, hi = 0..1) in the MMA's column order c = 8ch + 2q + hi. Lane l (g = l // 4,
+q = l % 4) holds, from its lowest nibble up, the A values (row, c)
+(g, 2q), (g+8, 2q), (g, 2q+8), (g+8, 2q+8), (g, 2q+1), (g+8, 2q+1), (g, 2q+9),
+(g+8, 2q+9): nibbles i and i+4 are the bf16x2 register a_i of the A fragment.
+The lane's B registers for tile j are its token's bf16 pairs 32kg + 8q + 2j
+(b0) and + 1 (b1), in int32 units.
+
+Inputs and outputs are those of ``fused_moe_w4a16`` (same alignment, same
+combine); only the weights' order differs. Under ``TRITON_INTERPRET=1`` (which
+cannot run PTX) the loads are plain loads and the MMA is computed from the
+warp's 32 lanes with reshapes, so the interpreter tier checks the same packing
+and indexing.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import routing
+from .fused_moe_w4a16 import (FORMATS, W4A16Weights, _combine_kernel, _e4m3_to_f32, _fp4_val, _interpreting,
+                              _to_bf16)
+
+# --------------------------------------------------------------------------
+# Packing (host, once per layer at load time)
+# --------------------------------------------------------------------------
+
+
+def frag_pack(words: torch.Tensor) -> torch.Tensor:
+    """int32 [E, N, K/8] (nibble i of word j = K index 8j + i) ->
+    int32 [E, N/16, K/64, 32, 4] in the order described above. One expert at a
+    time, so the temporary is one expert's nibbles."""
+    E, N, KW = words.shape
+    K = KW * 8
+    assert N % 16 == 0 and K % 64 == 0, (N, K)
+    out = torch.empty((E, N // 16, K // 64, 32, 4), dtype=torch.int32, device=words.device)
+    shifts = torch.arange(0, 32, 4, device=words.device, dtype=torch.int64)
+    for e in range(E):
+        nib = ((words[e].unsqueeze(-1) >> shifts.to(torch.int32)) & 0xF).reshape(N, K)
+        # row = 16 rt + 8 rh + g; column = 64 kg + 16 q + 4 j + 2 ch + hi
+        n8 = nib.view(N // 16, 2, 8, K // 64, 4, 4, 2, 2)  # rt rh g kg q j ch hi
+        n8 = n8.permute(0, 3, 2, 4, 5, 7, 6, 1)  # rt kg g q j | hi ch rh: nibble i = 4 hi + 2 ch + rh
+        packed = (n8.reshape(N // 16, K // 64, 32, 4, 8).to(torch.int64) << shifts).sum(-1)
+        out[e] = torch.where(packed < 2**31, packed, packed - 2**32).to(torch.int32)
+    return out
+
+
+def frag_unpack(frag: torch.Tensor) -> torch.Tensor:
+    """Inverse of frag_pack (tests)."""
+    E, RT, KG, _, _ = frag.shape
+    N, K = RT * 16, KG * 64
+    shifts = torch.arange(0, 32, 4, device=frag.device, dtype=torch.int64)
+    out = torch.empty((E, N, K // 8), dtype=torch.int32, device=frag.device)
+    for e in range(E):
+        nib = (frag[e].unsqueeze(-1) >> shifts.to(torch.int32)) & 0xF  # rt kg lane j i
+        nib = nib.view(RT, KG, 8, 4, 4, 2, 2, 2)  # rt kg g q j hi ch rh
+        nib = nib.permute(0, 7, 2, 1, 3, 4, 6, 5).reshape(N, K // 8, 8).to(torch.int64)
+        packed = (nib << shifts).sum(-1)
+        out[e] = torch.where(packed < 2**31, packed, packed - 2**32).to(torch.int32)
+    return out
+
+
+# --------------------------------------------------------------------------
+# Inline PTX (GPU) and its interpreter equivalent
+# --------------------------------------------------------------------------
+
+# NVFP4 pair (i, i+4) -> bf16x2 code * 2**-126 (sign and e/m bits moved into
+# place; a bf16 subnormal for e = 0), times the row's block scale * 2**119:
+# code * scale * 2**-7, exact (at most 6 significant bits).
+_NVFP4_PAIR = """
+        shr.u32 t, q, 6;
+        and.b32 t, t, 0x01C001C0;
+        lop3.b32 u, q, 0x80008000, t, 0xEA;
+        fma.rn.bf16x2 {dst}, u, {s}, nz;"""
+_NVFP4_A = (
+    "mov.b32 q, $W;" + _NVFP4_PAIR.format(dst="a3", s="$SH") + "\n        shl.b32 q, q, 4;"
+    + _NVFP4_PAIR.format(dst="a2", s="$SL") + "\n        shl.b32 q, q, 4;"
+    + _NVFP4_PAIR.format(dst="a1", s="$SH") + "\n        shl.b32 q, q, 4;"
+    + _NVFP4_PAIR.format(dst="a0", s="$SL")
+)
+# INT4 pair (i, i+4): (q & 0x000F000F) | 0x43004300 = bf16 (128 + n); minus 136
+# = n - 8 exactly; times the bf16 scale, rounded once (as the reference).
+_INT4_PAIR = """
+        lop3.b32 u, q, 0x000F000F, 0x43004300, 0xEA;
+        fma.rn.bf16x2 u, u, one, c136;
+        fma.rn.bf16x2 {dst}, u, {s}, nz;"""
+_INT4_A = (
+    "mov.b32 q, $W;" + _INT4_PAIR.format(dst="a0", s="$SL") + "\n        shr.u32 q, q, 4;"
+    + _INT4_PAIR.format(dst="a1", s="$SH") + "\n        shr.u32 q, q, 4;"
+    + _INT4_PAIR.format(dst="a2", s="$SL") + "\n        shr.u32 q, q, 4;"
+    + _INT4_PAIR.format(dst="a3", s="$SH")
+)
+
+
+def _mma_asm(fmt: str, nt: int) -> str:
+    """One word -> scaled A fragment, then nt m16n8k16 MMAs accumulating.
+    Operands: outputs $0 .. $(4nt - 1); inputs: the word, the two rows' scale
+    pairs, 2 B registers per n8 tile, then the 4 nt accumulators."""
+    n_out = 4 * nt
+    w, sl, sh = n_out, n_out + 1, n_out + 2
+    body = (_NVFP4_A if fmt == "nvfp4" else _INT4_A)
+    body = body.replace("$W", f"${w}").replace("$SL", f"${sl}").replace("$SH", f"${sh}")
+    mmas = []
+    for j in range(nt):
+        o = ", ".join(f"${4 * j + c}" for c in range(4))
+        b = f"${n_out + 3 + 2 * j}, ${n_out + 4 + 2 * j}"
+        c = ", ".join(f"${n_out + 3 + 2 * nt + 4 * j + i}" for i in range(4))
+        mmas.append(f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{o}}}, {{a0, a1, a2, a3}}, {{{b}}}, "
+                    f"{{{c}}};")
+    return ("""{
+        .reg .b32 q, t, u, a0, a1, a2, a3, nz, one, c136;
+        mov.b32 nz, 0x80008000;
+        mov.b32 one, 0x3F803F80;
+        mov.b32 c136, 0xC308C308;
+        """ + body + "\n        " + "\n        ".join(mmas) + "\n        }")
+
+
+def _mma_constraints(nt: int) -> str:
+    return ",".join(["=f"] * (4 * nt) + ["r"] * (3 + 2 * nt) + ["f"] * (4 * nt))
+
+
+_ASM_NVFP4_1 = tl.constexpr(_mma_asm("nvfp4", 1))
+_ASM_NVFP4_2 = tl.constexpr(_mma_asm("nvfp4", 2))
+_ASM_INT4_1 = tl.constexpr(_mma_asm("int4", 1))
+_ASM_INT4_2 = tl.constexpr(_mma_asm("int4", 2))
+_MMA_C1 = tl.constexpr(_mma_constraints(1))
+_MMA_C2 = tl.constexpr(_mma_constraints(2))
+
+
+@triton.jit
+def _mma_emulated(w, s_lo, s_hi, b0, b1, FMT: tl.constexpr, NW: tl.constexpr):
+    """What the inline MMA adds, from tensor ops over the warp's lanes
+    (interpreter only; scales as fp32): lane (g, q) gets C[g][2q], C[g][2q+1],
+    C[g+8][2q], C[g+8][2q+1] of A (16 x 16, the 32 lanes' scaled words) times
+    B (16 x 8)."""
+    w3 = tl.reshape(w, (NW, 8, 4))  # [warp, g, q]
+    rh = tl.arange(0, 2)[:, None, None, None, None]
+    ch = tl.arange(0, 2)[None, None, :, None, None]
+    hi = tl.arange(0, 2)[None, None, None, None, :]
+    nib = (w3[:, None, :, None, :, None] >> (4 * (4 * hi + 2 * ch + rh))[None]) & 0xF  # warp rh g ch q hi
+    sl = tl.reshape(s_lo, (NW, 8, 4))[:, None, :, None, :, None]
+    sh = tl.reshape(s_hi, (NW, 8, 4))[:, None, :, None, :, None]
+    scale = tl.where(rh[None] == 0, sl, sh)
+    if FMT == 0:
+        a = _fp4_val(nib, 1.0, True).to(tl.float32) * scale  # exact
+    else:
+        a = _to_bf16((nib - 8).to(tl.float32) * scale, True).to(tl.float32)
+    a = tl.reshape(a, (NW, 16, 16))  # [warp, row 8 rh + g, col 8 ch + 2 q + hi]
+    bsel = tl.where(tl.arange(0, 2)[None, :, None, None] == 0, tl.reshape(b0, (NW, 8, 4))[:, None, :, :],
+                    tl.reshape(b1, (NW, 8, 4))[:, None, :, :])  # warp ch n q
+    bits = (bsel[:, :, :, :, None] >> (16 * tl.arange(0, 2))[None, None, None, None, :]) & 0xFFFF  # warp ch n q hi
+    bf = (bits << 16).to(tl.float32, bitcast=True)
+    b = tl.reshape(tl.permute(bf, (0, 1, 3, 4, 2)), (NW, 16, 8))  # [warp, col, token]
+    c = tl.sum(a[:, :, :, None] * b[:, None, :, :], axis=2)  # [warp, row, token]
+    c = tl.reshape(c, (NW, 2, 8, 4, 2))  # warp rh g q c
+    sel_rh = tl.arange(0, 2)[None, :, None, None, None]
+    sel_c = tl.arange(0, 2)[None, None, None, None, :]
+    p0 = tl.reshape(tl.sum(tl.sum(tl.where((sel_rh == 0) & (sel_c == 0), c, 0.0), axis=4), axis=1), (32 * NW,))
+    p1 = tl.reshape(tl.sum(tl.sum(tl.where((sel_rh == 0) & (sel_c == 1), c, 0.0), axis=4), axis=1), (32 * NW,))
+    p2 = tl.reshape(tl.sum(tl.sum(tl.where((sel_rh == 1) & (sel_c == 0), c, 0.0), axis=4), axis=1), (32 * NW,))
+    p3 = tl.reshape(tl.sum(tl.sum(tl.where((sel_rh == 1) & (sel_c == 1), c, 0.0), axis=4), axis=1), (32 * NW,))
+    return p0, p1, p2, p3
+
+
+@triton.jit
+def _mma(acc, w, s_lo, s_hi, b, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr, INTERP: tl.constexpr):
+    """acc (4 NT fp32 per lane) += scaled A (one word per lane) x B, one K tile."""
+    if INTERP:
+        p0, p1, p2, p3 = _mma_emulated(w, s_lo, s_hi, b[0], b[1], FMT, NW)
+        if NT == 1:
+            return (acc[0] + p0, acc[1] + p1, acc[2] + p2, acc[3] + p3)
+        else:
+            p4, p5, p6, p7 = _mma_emulated(w, s_lo, s_hi, b[2], b[3], FMT, NW)
+            return (acc[0] + p0, acc[1] + p1, acc[2] + p2, acc[3] + p3,
+                    acc[4] + p4, acc[5] + p5, acc[6] + p6, acc[7] + p7)
+    if NT == 1:
+        if FMT == 0:
+            asm: tl.constexpr = _ASM_NVFP4_1
+        else:
+            asm: tl.constexpr = _ASM_INT4_1
+        return tl.inline_asm_elementwise(asm=asm, constraints=_MMA_C1,
+                                         args=[w, s_lo, s_hi, b[0], b[1], acc[0], acc[1], acc[2], acc[3]],
+                                         dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+    else:
+        if FMT == 0:
+            asm2: tl.constexpr = _ASM_NVFP4_2
+        else:
+            asm2: tl.constexpr = _ASM_INT4_2
+        return tl.inline_asm_elementwise(asm=asm2, constraints=_MMA_C2,
+                                         args=[w, s_lo, s_hi, b[0], b[1], b[2], b[3], acc[0], acc[1], acc[2],
+                                               acc[3], acc[4], acc[5], acc[6], acc[7]],
+                                         dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+
+
+@triton.jit
+def _ld_words(p, INTERP: tl.constexpr):
+    """A lane's four K tiles of one row tile: one 16-byte load, streamed past L1."""
+    if INTERP:
+        return tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3)
+    return tl.inline_asm_elementwise(
+        asm="ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];", constraints="=r,=r,=r,=r,l",
+        args=[p], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
+
+
+@triton.jit
+def _ld_x(p, valid, INTERP: tl.constexpr):
+    """A lane's B registers for one K group: 32 contiguous bytes of its token's
+    row (zeros, and no memory access, for a padding slot)."""
+    if INTERP:
+        return (tl.load(p, mask=valid, other=0), tl.load(p + 1, mask=valid, other=0),
+                tl.load(p + 2, mask=valid, other=0), tl.load(p + 3, mask=valid, other=0),
+                tl.load(p + 4, mask=valid, other=0), tl.load(p + 5, mask=valid, other=0),
+                tl.load(p + 6, mask=valid, other=0), tl.load(p + 7, mask=valid, other=0))
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .pred p;
+        setp.ne.b32 p, $9, 0;
+        mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;
+        mov.b32 $4, 0; mov.b32 $5, 0; mov.b32 $6, 0; mov.b32 $7, 0;
+        @p ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$8];
+        @p ld.global.nc.v4.b32 {$4, $5, $6, $7}, [$8+16];
+        }""",
+        constraints="=r,=r,=r,=r,=r,=r,=r,=r,l,r", args=[p, valid.to(tl.int32)], dtype=(tl.int32,) * 8,
+        is_pure=True, pack=1)
+
+
+@triton.jit
+def _ld_scale(p, INTERP: tl.constexpr):
+    """One row's block scale for the lane's 16 columns of a K group (raw bits:
+    an e4m3 byte or a bf16)."""
+    if INTERP:
+        if p.dtype.element_ty == tl.uint8:
+            return tl.load(p).to(tl.int32)
+        return tl.load(p.to(tl.pointer_type(tl.int16))).to(tl.int32) & 0xFFFF
+    if p.dtype.element_ty == tl.uint8:
+        return tl.inline_asm_elementwise(asm="ld.global.nc.u8 $0, [$1];", constraints="=r,l", args=[p],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(asm="ld.global.nc.u16 $0, [$1];", constraints="=r,l", args=[p],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _scale_pairs(lo, hi, ok, FMT: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
+    """Raw scales of rows g and g + 8 -> what _mma multiplies the A pairs by:
+    on the GPU bf16x2 {s, s} (NVFP4: s * 2**119, exact; the global scale takes
+    2**-119 * 2**126 = 2**7), in the interpreter fp32 s. Zero for a clamped
+    group (not ok)."""
+    if INTERP:
+        if FMT == 0:
+            a = _e4m3_to_f32(lo)
+            b = _e4m3_to_f32(hi)
+        else:
+            a = (lo << 16).to(tl.float32, bitcast=True)
+            b = (hi << 16).to(tl.float32, bitcast=True)
+        if not EVEN_K:
+            a = tl.where(ok, a, 0.0)
+            b = tl.where(ok, b, 0.0)
+        return a, b
+    if FMT == 0:
+        a, b = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b16 h, hx;
+            .reg .b32 p, t;
+            .reg .f16 f0, f1;
+            .reg .f32 x0, x1;
+            shl.b32 t, $3, 8;
+            or.b32 p, $2, t;
+            mov.b32 {h, hx}, p;
+            cvt.rn.f16x2.e4m3x2 p, h;
+            mov.b32 {f0, f1}, p;
+            cvt.f32.f16 x0, f0;
+            cvt.f32.f16 x1, f1;
+            mul.f32 x0, x0, 0f7B000000;
+            mul.f32 x1, x1, 0f7B000000;
+            cvt.rn.bf16x2.f32 $0, x0, x0;
+            cvt.rn.bf16x2.f32 $1, x1, x1;
+            }""",
+            constraints="=r,=r,r,r", args=[lo, hi], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+    else:
+        a = lo | (lo << 16)
+        b = hi | (hi << 16)
+    if not EVEN_K:
+        a = tl.where(ok, a, 0)
+        b = tl.where(ok, b, 0)
+    return a, b
+
+
+# --------------------------------------------------------------------------
+# Kernel
+# --------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_tile(wp, sp, sp_hi, kg, FMT: tl.constexpr, INTERP: tl.constexpr):
+    """One row tile's raw words (four K tiles) and the lane's two rows' scales
+    (the lane's 16 columns of the group lie in one scale group)."""
+    w0, w1, w2, w3 = _ld_words(wp + kg * 128, INTERP)
+    if FMT == 0:
+        step = 4  # scale groups of 16 per K group of 64
+    else:
+        step = 2  # of 32
+    return (w0, w1, w2, w3, _ld_scale(sp + kg * step, INTERP), _ld_scale(sp_hi + kg * step, INTERP))
+
+
+@triton.jit
+def _tile_step(acc, raw, xs, ok, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
+               EVEN_K: tl.constexpr, INTERP: tl.constexpr):
+    """acc (4 NT fp32 per lane) += one row tile's K group (four MMAs)."""
+    s_lo, s_hi = _scale_pairs(raw[4], raw[5], ok, FMT, EVEN_K, INTERP)
+    for j in tl.static_range(4):
+        if NT == 1:
+            b = (xs[2 * j], xs[2 * j + 1])
+        else:
+            b = (xs[2 * j], xs[2 * j + 1], xs[8 + 2 * j], xs[9 + 2 * j])
+        acc = _mma(acc, raw[j], s_lo, s_hi, b, FMT, NT, NW, INTERP)
+    return acc
+
+
+@triton.jit
+def _load_x(xb, xb2, valid, valid2, kg, NT: tl.constexpr, INTERP: tl.constexpr):
+    x = _ld_x(xb + kg * 32, valid, INTERP)
+    if NT == 2:
+        x = x + _ld_x(xb2 + kg * 32, valid2, INTERP)
+    return x
+
+
+@triton.jit
+def _zeros(n: tl.constexpr, NT: tl.constexpr):
+    z = tl.zeros((n,), dtype=tl.float32)
+    if NT == 1:
+        return (z, z, z, z)
+    else:
+        return (z, z, z, z, z, z, z, z)
+
+
+@triton.jit
+def _warp_sum(v, NW: tl.constexpr):
+    return tl.sum(tl.reshape(v, (NW, 32)), axis=0)
+
+
+@triton.jit
+def _moe_frag_kernel(
+    x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    num_valid, top_k, KG,
+    stride_xm, stride_we, stride_wt, stride_se, stride_sn, stride_om,
+    up_tiles, g_mult, swiglu_limit,
+    FMT: tl.constexpr, GATED: tl.constexpr, X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr,
+    NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, EVEN_K: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
+    + 16 of the gate and the same rows of the up projection (up_tiles row tiles
+    further), -> bf16 SiLU(gate) * up at the sorted position. Else (down): RT
+    (1 or 2) consecutive row tiles, -> fp32 rows times the top-k weight at the
+    (token, slot) index. BLOCK_M = 8 NT tokens of one expert at a time, the
+    grid's second axis walking the expert blocks. Same inputs and outputs as
+    fused_moe_w4a16's kernels."""
+    BM: tl.constexpr = 8 * NT
+    TWO: tl.constexpr = GATED or RT == 2
+    t = tl.arange(0, 32 * NW)
+    lane = t % 32
+    warp = t // 32
+    gi = lane // 4
+    tq = lane % 4
+    if GATED:
+        tile0 = tl.program_id(0)
+        tile1 = tile0 + up_tiles
+    else:
+        tile0 = tl.program_id(0) * RT
+        tile1 = tile0 + 1
+    num_post = tl.load(num_post_ptr)
+    nblk = num_post // BM
+    iters = tl.cdiv(KG, NW)
+    x32 = x_ptr.to(tl.pointer_type(tl.int32))
+    for mb in range(tl.program_id(1), nblk, tl.num_programs(1)):
+        e = tl.load(expert_ids_ptr + mb).to(tl.int64)
+        # the lane's B column: token slot gi (and gi + 8) of this block
+        sid = tl.load(sorted_ids_ptr + mb * BM + gi)
+        valid = sid < num_valid
+        if X_IS_SORTED:
+            xr = (mb * BM + gi).to(tl.int64)
+        else:
+            xr = tl.where(valid, sid // top_k, 0).to(tl.int64)
+        xb = x32 + xr * stride_xm + 8 * tq
+        xb2 = xb
+        valid2 = valid
+        if NT == 2:  # the second n8 tile: token slots 8 .. 15
+            sid2 = tl.load(sorted_ids_ptr + mb * BM + 8 + gi)
+            valid2 = sid2 < num_valid
+            if X_IS_SORTED:
+                xr2 = (mb * BM + 8 + gi).to(tl.int64)
+            else:
+                xr2 = tl.where(valid2, sid2 // top_k, 0).to(tl.int64)
+            xb2 = x32 + xr2 * stride_xm + 8 * tq
+        wp0 = w_ptr + e * stride_we + tile0 * stride_wt + lane * 4
+        wp1 = w_ptr + e * stride_we + tile1 * stride_wt + lane * 4
+        if FMT == 0:
+            sq = tq  # the lane's 16 columns: scale group 4 kg + q
+        else:
+            sq = tq // 2  # group of 32: 2 kg + q // 2
+        sp0 = s_ptr + e * stride_se + (tile0 * 16 + gi).to(tl.int64) * stride_sn + sq
+        sp1 = s_ptr + e * stride_se + (tile1 * 16 + gi).to(tl.int64) * stride_sn + sq
+        acc0 = _zeros(32 * NW, NT)
+        acc1 = acc0
+        # software pipeline: the next group's words, scales and activations are
+        # in flight while this group's are dequantised and multiplied
+        kg = warp
+        kn = tl.minimum(kg, KG - 1)
+        n0 = _load_tile(wp0, sp0, sp0 + 8 * stride_sn, kn, FMT, INTERP)
+        n1 = n0
+        if TWO:
+            n1 = _load_tile(wp1, sp1, sp1 + 8 * stride_sn, kn, FMT, INTERP)
+        nx = _load_x(xb, xb2, valid, valid2, kn, NT, INTERP)
+        for it in range(0, iters):
+            c0 = n0
+            c1 = n1
+            cx = nx
+            ok = kg < KG
+            kn = tl.minimum(kg + NW, KG - 1)
+            if PIPE:
+                n0 = _load_tile(wp0, sp0, sp0 + 8 * stride_sn, kn, FMT, INTERP)
+                if TWO:
+                    n1 = _load_tile(wp1, sp1, sp1 + 8 * stride_sn, kn, FMT, INTERP)
+                nx = _load_x(xb, xb2, valid, valid2, kn, NT, INTERP)
+            acc0 = _tile_step(acc0, c0, cx, ok, FMT, NT, NW, EVEN_K, INTERP)
+            if TWO:
+                acc1 = _tile_step(acc1, c1, cx, ok, FMT, NT, NW, EVEN_K, INTERP)
+            if not PIPE:
+                n0 = _load_tile(wp0, sp0, sp0 + 8 * stride_sn, kn, FMT, INTERP)
+                if TWO:
+                    n1 = _load_tile(wp1, sp1, sp1 + 8 * stride_sn, kn, FMT, INTERP)
+                nx = _load_x(xb, xb2, valid, valid2, kn, NT, INTERP)
+            kg += NW
+        g = tl.load(g_ptr + e) * g_mult
+        # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
+        l32 = tl.arange(0, 32)
+        for j in tl.static_range(4 * NT):
+            v0 = _warp_sum(acc0[j], NW) * g
+            rr = l32 // 4 + 8 * ((j // 2) % 2)
+            slot = mb * BM + 8 * (j // 4) + 2 * (l32 % 4) + (j % 2)
+            sidj = tl.load(sorted_ids_ptr + slot)
+            okj = sidj < num_valid
+            if GATED:
+                gate = v0
+                up = _warp_sum(acc1[j], NW) * g
+                if HAS_LIMIT:
+                    gate = tl.minimum(gate, swiglu_limit)
+                    up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
+                h = gate / (1.0 + tl.exp(-gate)) * up
+                tl.store(out_ptr + slot.to(tl.int64) * stride_om + tile0 * 16 + rr, _to_bf16(h, INTERP), mask=okj)
+            else:
+                tw = tl.load(tw_ptr + sidj, mask=okj, other=0.0)
+                o_row = out_ptr + sidj.to(tl.int64) * stride_om
+                tl.store(o_row + tile0 * 16 + rr, v0 * tw, mask=okj)
+                if RT == 2:
+                    tl.store(o_row + tile1 * 16 + rr, _warp_sum(acc1[j], NW) * g * tw, mask=okj)
+
+
+# --------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------
+
+def pack_weights(W: W4A16Weights) -> W4A16Weights:
+    """The same weights with w13/w2 in fragment order (a copy; the caller drops
+    the original words). Scales and global scales are shared as they are."""
+    if W.packed:
+        return W
+    return W4A16Weights(W.fmt, frag_pack(W.w13), W.s13, W.g13, frag_pack(W.w2), W.s2, W.g2, packed=True)
+
+
+def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid):
+    sorted_ids, expert_ids, _ = align
+    E, RT, KG = Wf.shape[:3]
+    assert cfg.get("kernel") == "frag", f"packed weights need a fragment-kernel config, not {cfg}"
+    # 16-byte activation loads; scale rows contiguous along K
+    assert x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 and s.stride(2) == 1
+    nt, nw = cfg["NT"], cfg["num_warps"]
+    rt = 1 if gated else cfg.get("RT", 1)
+    assert (n_out // 16) % rt == 0
+    grid = (n_out // 16 // rt, max(1, min(expert_ids.shape[0], E, num_valid)))
+    _moe_frag_kernel[grid](
+        x, Wf, s, g, out, tw, sorted_ids, expert_ids, align[2],
+        num_valid, top_k, KG,
+        x.stride(0) // 2, Wf.stride(0), Wf.stride(1), s.stride(0), s.stride(1), out.stride(0),
+        (RT // 2) if gated else 0, 128.0 if (fmt == "nvfp4" and not _interpreting()) else 1.0,
+        float(swiglu_limit or 0.0),
+        FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
+        NT=nt, NW=nw, RT=rt, PIPE=cfg.get("pipe", True), EVEN_K=KG % nw == 0, INTERP=_interpreting(),
+        num_warps=nw, num_stages=1,
+    )
+
+
+def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, routed_scaling_factor=1.0,
+                         swiglu_limit: Optional[float] = None, config: Optional[dict] = None,
+                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """fused_moe_w4a16 for fragment-packed weights (make_weights packs them);
+    config: {"gate_up": cfg, "down": cfg} with kernel "frag", NT, num_warps,
+    pipe and (down) RT, as in configs/*.json."""
+    from .configs import get_config
+
+    assert weights.packed
+    T, H = x.shape
+    k = topk_ids.shape[1]
+    E = weights.num_experts
+    I = weights.inter
+    cfg = config or get_config(weights.fmt, T)
+    bm = 8 * cfg["gate_up"]["NT"]
+    assert cfg["down"]["NT"] * 8 == bm
+    x = x.contiguous()
+    topk_ids = topk_ids.to(torch.int32).contiguous()
+    topk_weights = topk_weights.float().contiguous()
+    align = routing.moe_align(topk_ids, E, bm)
+    inter = torch.empty((align[0].shape[0], I), dtype=torch.bfloat16, device=x.device)
+    num_valid = T * k
+    _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, align, k, I, weights.fmt,
+               cfg["gate_up"], True, False, swiglu_limit, num_valid)
+    buf = torch.empty((num_valid, H), dtype=torch.float32, device=x.device)
+    _frag_gemm(inter, weights.w2, weights.s2, weights.g2, buf, topk_weights, align, k, H, weights.fmt,
+               cfg["down"], False, True, None, num_valid)
+    if out is None:
+        out = torch.empty((T, H), dtype=torch.bfloat16, device=x.device)
+    bh = 1024
+    _combine_kernel[(T, triton.cdiv(H, bh))](
+        buf, topk_ids, out, k, H, E, float(routed_scaling_factor),
+        buf.stride(0), out.stride(0), BLOCK_H=bh, INTERP=_interpreting(), num_warps=4)
+    return out
