@@ -66,8 +66,8 @@ def _gemm_variants():
                     k_words = (model.hidden if gated else model.inter) // 64
                     const = dict(FMT=M.FORMATS.index(fmt), GATED=gated, X_IS_SORTED=not gated,
                                  HAS_LIMIT=bool(model.swiglu_limit) and gated, NT=c["NT"], NW=c["num_warps"],
-                                 RT=1 if gated else c.get("RT", 1), PIPE=c["pipe"],
-                                 EVEN_K=k_words % c["num_warps"] == 0, INTERP=False)
+                                 RT=1 if gated else c.get("RT", 1), PIPE=c["pipe"], DEPTH=c.get("depth", 1),
+                                 EVEN_K=k_words % (c["num_warps"] * c.get("depth", 1)) == 0, INTERP=False)
                     yield f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig, const, c["num_warps"], 1
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:

@@ -738,17 +738,20 @@ _BENCH_CONFIG_OVERRIDE: dict = {}
 # candidates for bench --tune: the fragment kernel's launch shapes (warps that
 # split K, the next K group's loads issued before this one's MMAs or after,
 # down GEMM row tiles per program); one family, both GEMMs share BLOCK_M = 8 NT.
-def _frag(nw, pipe, rt=None, nt=1):
+def _frag(nw, pipe, rt=None, nt=1, depth=1):
     c = dict(kernel="frag", NT=nt, num_warps=nw, pipe=pipe)
+    if depth != 1:
+        c["depth"] = depth
     if rt:
         c["RT"] = rt
     return c
 
 
 TUNE_FAMILIES = {
-    "frag": ([_frag(4, False)] + [_frag(nw, p) for nw in (1, 2, 4, 8) for p in (True, False) if (nw, p) != (4, False)],
-             [_frag(2, False, 2)] + [_frag(nw, p, rt) for nw in (1, 2, 4, 8) for p in (True, False) for rt in (1, 2)
-                                     if (nw, p, rt) != (2, False, 2)]),
+    "frag": ([_frag(4, False)] + [_frag(nw, p, depth=d) for nw in (2, 4, 8, 16) for p in (True, False)
+                                  for d in (1, 2) if (nw, p, d) != (4, False, 1)],
+             [_frag(2, False, 2)] + [_frag(nw, p, rt, depth=d) for nw in (1, 2, 4, 8, 16) for p in (True, False)
+                                     for rt in (1, 2) for d in (1, 2) if (nw, p, rt, d) != (2, False, 2, 1)]),
 }
 
 

@@ -358,6 +358,27 @@ def _load_x(xb, xb2, valid, valid2, kg, NT: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
+def _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2, kg, FMT: tl.constexpr, NT: tl.constexpr,
+                 TWO: tl.constexpr, INTERP: tl.constexpr):
+    """Everything one K group needs: the row tiles' words and scales, the
+    tokens' activations."""
+    t0 = _load_tile(wp0, sp0, sp0 + 8 * stride_sn, kg, FMT, INTERP)
+    t1 = t0
+    if TWO:
+        t1 = _load_tile(wp1, sp1, sp1 + 8 * stride_sn, kg, FMT, INTERP)
+    return t0, t1, _load_x(xb, xb2, valid, valid2, kg, NT, INTERP)
+
+
+@triton.jit
+def _group_compute(acc0, acc1, ld, ok, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr,
+                   EVEN_K: tl.constexpr, INTERP: tl.constexpr):
+    acc0 = _tile_step(acc0, ld[0], ld[2], ok, FMT, NT, NW, EVEN_K, INTERP)
+    if TWO:
+        acc1 = _tile_step(acc1, ld[1], ld[2], ok, FMT, NT, NW, EVEN_K, INTERP)
+    return acc0, acc1
+
+
+@triton.jit
 def _zeros(n: tl.constexpr, NT: tl.constexpr):
     z = tl.zeros((n,), dtype=tl.float32)
     if NT == 1:
@@ -379,8 +400,8 @@ def _moe_frag_kernel(
     stride_xm, stride_we, stride_wt, stride_se, stride_sn, stride_om,
     up_tiles, g_mult, swiglu_limit,
     FMT: tl.constexpr, GATED: tl.constexpr, X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr,
-    NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, EVEN_K: tl.constexpr,
-    INTERP: tl.constexpr,
+    NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
+    EVEN_K: tl.constexpr, INTERP: tl.constexpr,
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -436,35 +457,38 @@ def _moe_frag_kernel(
         sp1 = s_ptr + e * stride_se + (tile1 * 16 + gi).to(tl.int64) * stride_sn + sq
         acc0 = _zeros(32 * NW, NT)
         acc1 = acc0
-        # software pipeline: the next group's words, scales and activations are
-        # in flight while this group's are dequantised and multiplied
+        # software pipeline: the next step's words, scales and activations
+        # (DEPTH K groups per warp) are in flight while this step's are
+        # dequantised and multiplied
         kg = warp
-        kn = tl.minimum(kg, KG - 1)
-        n0 = _load_tile(wp0, sp0, sp0 + 8 * stride_sn, kn, FMT, INTERP)
-        n1 = n0
-        if TWO:
-            n1 = _load_tile(wp1, sp1, sp1 + 8 * stride_sn, kn, FMT, INTERP)
-        nx = _load_x(xb, xb2, valid, valid2, kn, NT, INTERP)
-        for it in range(0, iters):
-            c0 = n0
-            c1 = n1
-            cx = nx
-            ok = kg < KG
-            kn = tl.minimum(kg + NW, KG - 1)
+        step = NW * DEPTH
+        la = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2, tl.minimum(kg, KG - 1),
+                          FMT, NT, TWO, INTERP)
+        lb = la
+        if DEPTH == 2:
+            lb = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2, tl.minimum(kg + NW, KG - 1),
+                              FMT, NT, TWO, INTERP)
+        for it in range(0, tl.cdiv(KG, step)):
+            ca = la
+            cb = lb
+            ok_a = kg < KG
+            ok_b = kg + NW < KG
             if PIPE:
-                n0 = _load_tile(wp0, sp0, sp0 + 8 * stride_sn, kn, FMT, INTERP)
-                if TWO:
-                    n1 = _load_tile(wp1, sp1, sp1 + 8 * stride_sn, kn, FMT, INTERP)
-                nx = _load_x(xb, xb2, valid, valid2, kn, NT, INTERP)
-            acc0 = _tile_step(acc0, c0, cx, ok, FMT, NT, NW, EVEN_K, INTERP)
-            if TWO:
-                acc1 = _tile_step(acc1, c1, cx, ok, FMT, NT, NW, EVEN_K, INTERP)
+                la = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
+                                  tl.minimum(kg + step, KG - 1), FMT, NT, TWO, INTERP)
+                if DEPTH == 2:
+                    lb = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
+                                      tl.minimum(kg + step + NW, KG - 1), FMT, NT, TWO, INTERP)
+            acc0, acc1 = _group_compute(acc0, acc1, ca, ok_a, FMT, NT, NW, TWO, EVEN_K, INTERP)
+            if DEPTH == 2:
+                acc0, acc1 = _group_compute(acc0, acc1, cb, ok_b, FMT, NT, NW, TWO, EVEN_K, INTERP)
             if not PIPE:
-                n0 = _load_tile(wp0, sp0, sp0 + 8 * stride_sn, kn, FMT, INTERP)
-                if TWO:
-                    n1 = _load_tile(wp1, sp1, sp1 + 8 * stride_sn, kn, FMT, INTERP)
-                nx = _load_x(xb, xb2, valid, valid2, kn, NT, INTERP)
-            kg += NW
+                la = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
+                                  tl.minimum(kg + step, KG - 1), FMT, NT, TWO, INTERP)
+                if DEPTH == 2:
+                    lb = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
+                                      tl.minimum(kg + step + NW, KG - 1), FMT, NT, TWO, INTERP)
+            kg += step
         g = tl.load(g_ptr + e) * g_mult
         # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
         l32 = tl.arange(0, 32)
@@ -519,7 +543,8 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         (RT // 2) if gated else 0, 128.0 if (fmt == "nvfp4" and not _interpreting()) else 1.0,
         float(swiglu_limit or 0.0),
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
-        NT=nt, NW=nw, RT=rt, PIPE=cfg.get("pipe", True), EVEN_K=KG % nw == 0, INTERP=_interpreting(),
+        NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=cfg.get("depth", 1), EVEN_K=KG % (nw * cfg.get("depth", 1)) == 0,
+        INTERP=_interpreting(),
         num_warps=nw, num_stages=1,
     )
 
