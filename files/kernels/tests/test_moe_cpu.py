@@ -124,3 +124,16 @@ def test_frag_pack_layout():
 def test_unpackable_shapes_stay_in_checkpoint_order():
     W = M.random_weights("int4", 2, 320, 96, "cpu", kn=True)
     assert not W.packed and W.w13.shape == (2, 192, 40)
+
+
+def test_fragment_kernel_takes_activations_at_any_offset(interpret):
+    # a view starting 2 bytes into its storage: the 16-byte activation loads need a copy
+    E, H, I, T = 2, 128, 64, 2
+    W = M.random_weights("int4", E, H, I, "cpu", seed=4, kn=True)
+    base = torch.randn(T * H + 1).to(torch.bfloat16)
+    x = base[1:].view(T, H)
+    assert x.data_ptr() % 16 != 0
+    ids = torch.tensor([[0, 1], [1, -1]], dtype=torch.int32)
+    tw = torch.rand((T, 2)) + 0.1
+    out = M.fused_moe_w4a16(x, W, tw, ids, config=CFG_FRAG)
+    assert compare(out, M.moe_w4a16_reference(x, W, tw, ids)).ok

@@ -566,6 +566,8 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
     bm = 8 * cfg["gate_up"]["NT"]
     assert cfg["down"]["NT"] * 8 == bm
     x = x.contiguous()
+    if x.data_ptr() % 16:  # a view at an odd offset: the kernel loads activations 16 bytes at a time
+        x = x.clone()
     topk_ids = topk_ids.to(torch.int32).contiguous()
     topk_weights = topk_weights.float().contiguous()
     align = routing.moe_align(topk_ids, E, bm)
