@@ -1,0 +1,53 @@
+"""Time fragment-kernel launch variants (VARIANTS, on top of the shipped
+config, one GEMM at a time) on the bench cases (CUDA-graph replay, L2 cleared,
+medians), each checked against the reference first.
+
+    PYTHONPATH=src python3 scripts/moe_sweep.py [batch ...]
+"""
+import sys
+
+import torch
+from triton.testing import do_bench
+
+from sm120_kernels import fused_moe_w4a16 as M
+from sm120_kernels.configs import get_config
+from sm120_kernels.models import MODELS, ep_share_routing
+from sm120_kernels.registry import compare
+
+
+# (config key, value) tried on top of the shipped config, one GEMM at a time
+VARIANTS = [("pipe", True), ("pipe", False), ("depth", 1), ("depth", 2)]
+
+
+def main():
+    dev = torch.device("cuda")
+    batches = [int(b) for b in sys.argv[1:]] or [1, 8, 64]
+    for model in MODELS:
+        W = M._model_weights(model, dev)
+        for b in batches:
+            shipped = get_config(model.fmt, b)
+            tw, ids, active = ep_share_routing(model, b, dev, seed=1000 + b)
+            x = torch.randn((b, model.hidden), device=dev).to(torch.bfloat16)
+            kw = dict(routed_scaling_factor=model.routed_scaling_factor, swiglu_limit=model.swiglu_limit)
+            ref = M.moe_w4a16_reference(x, W, tw, ids, **kw)
+            o = torch.empty_like(x)
+            variants = [(f"{part} {key}={val}", {**shipped, part: {**shipped[part], key: val}})
+                        for part in ("gate_up", "down") for key, val in VARIANTS]
+            for name, cfg in [("shipped", shipped)] + variants:
+                out = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, **kw)
+                res = compare(out, ref)
+                g = torch.cuda.CUDAGraph()
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    M.fused_moe_w4a16(x, W, tw, ids, out=o, config=cfg, **kw)
+                torch.cuda.current_stream().wait_stream(s)
+                with torch.cuda.graph(g):
+                    M.fused_moe_w4a16(x, W, tw, ids, out=o, config=cfg, **kw)
+                t = do_bench(g.replay, warmup=10, rep=80, return_mode="median") * 1e3
+                print(f"{model.name:18s} b{b:<3d} {name:22s} {t:7.1f} us  {'ok' if res.ok else 'FAIL ' + res.detail}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
