@@ -99,13 +99,16 @@ def test_dequant_reference_formats():
 
 def test_frag_pack_layout():
     """frag_pack puts lane (g, q)'s A values of each 16 x 16 tile into one word
-    (nibbles i and i + 4 = bf16x2 register a_i of the m16n8k16 A fragment) and
-    round-trips; K is permuted within 64-column groups as documented."""
+    (INT4: nibbles r and r + 4 = the bf16x2 register a_r of the m16n8k16 A
+    fragment; NVFP4: the same values with their sign and exponent/mantissa bits
+    at NVFP4_SIGN_BIT / NVFP4_EM_BIT) and round-trips; K is permuted within
+    64-column groups as documented."""
     g = torch.Generator().manual_seed(0)
     w = torch.randint(-2**31, 2**31 - 1, (2, 32, 16), generator=g, dtype=torch.int32)
-    f = F.frag_pack(w)
-    assert f.shape == (2, 2, 2, 32, 4)
-    assert torch.equal(F.frag_unpack(f), w)
+    f = F.frag_pack(w, "int4")
+    fn = F.frag_pack(w, "nvfp4")
+    assert f.shape == fn.shape == (2, 2, 2, 32, 4)
+    assert torch.equal(F.frag_unpack(f, "int4"), w) and torch.equal(F.frag_unpack(fn, "nvfp4"), w)
     nib = ((w[1].unsqueeze(-1) >> torch.arange(0, 32, 4)) & 0xF).reshape(32, 128)
     for rt, kg, lane, j in ((0, 0, 0, 0), (1, 1, 29, 3), (0, 1, 6, 2)):
         gi, q = lane // 4, lane % 4
@@ -119,6 +122,13 @@ def test_frag_pack_layout():
         want = [a(gi, 2 * q), a(gi + 8, 2 * q), a(gi, 2 * q + 8), a(gi + 8, 2 * q + 8),
                 a(gi, 2 * q + 1), a(gi + 8, 2 * q + 1), a(gi, 2 * q + 9), a(gi + 8, 2 * q + 9)]
         assert got == want, (rt, kg, lane, j)
+        wn = int(fn[1, rt, kg, lane, j]) & 0xFFFFFFFF
+        got_n = [(((wn >> (16 * (i // 4) + F.NVFP4_SIGN_BIT[i % 4])) & 1) << 3)
+                 | ((wn >> (16 * (i // 4) + F.NVFP4_EM_BIT[i % 4])) & 7) for i in range(8)]
+        assert got_n == want, (rt, kg, lane, j)
+    # the NVFP4 fields tile the word exactly
+    bits = sorted([s for s in F.NVFP4_SIGN_BIT] + [e + k for e in F.NVFP4_EM_BIT for k in range(3)])
+    assert bits == list(range(16))
 
 
 def test_unpackable_shapes_stay_in_checkpoint_order():

@@ -413,7 +413,7 @@ class W4A16Weights:
             return w
         from .fused_moe_w4a16_frag import frag_unpack
 
-        return frag_unpack(w)
+        return frag_unpack(w, self.fmt)
 
 
 def _as_words(w: torch.Tensor, kn: bool) -> torch.Tensor:
@@ -450,7 +450,7 @@ def make_weights(fmt, w13, s13, w2, s2, g13=None, g2=None, kn=False, pack=True) 
     if pack and packable(w13v.shape[1], w13v.shape[2] * 8) and packable(w2v.shape[1], w2v.shape[2] * 8):
         from .fused_moe_w4a16_frag import frag_pack
 
-        w13v, w2v = frag_pack(w13v), frag_pack(w2v)
+        w13v, w2v = frag_pack(w13v, fmt), frag_pack(w2v, fmt)
     else:
         pack = False
     e = w13v.shape[0]

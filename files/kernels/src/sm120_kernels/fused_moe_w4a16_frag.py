@@ -29,9 +29,12 @@ Fragment layout (``frag_pack``), per expert: ``[N/16, K/64, 32, 4]`` int32, the
 last index the K tile j within the group. Tile (r, group kg, j) covers rows
 16r .. 16r + 15 and the 16 columns 64kg + 16q + 4j + 2ch + hi (q = 0..3,
 ch, hi = 0..1) in the MMA's column order c = 8ch + 2q + hi. Lane l (g = l // 4,
-q = l % 4) holds, from its lowest nibble up, the A values (row, c)
-(g, 2q), (g+8, 2q), (g, 2q+8), (g+8, 2q+8), (g, 2q+1), (g+8, 2q+1), (g, 2q+9),
-(g+8, 2q+9): nibbles i and i+4 are the bf16x2 register a_i of the A fragment.
+q = l % 4) holds the A values (row, c) (g, 2q), (g+8, 2q), (g, 2q+8), (g+8, 2q+8)
+(the low halves of the bf16x2 registers a_0 .. a_3 of the A fragment) and
+(g, 2q+1), (g+8, 2q+1), (g, 2q+9), (g+8, 2q+9) (their high halves): INT4 as
+nibbles 0 .. 7 in that order; NVFP4 with each value's sign and exponent/mantissa
+bits where few shifts move them into bf16 position (NVFP4_SIGN_BIT,
+NVFP4_EM_BIT).
 The lane's B registers for tile j are its token's bf16 pairs 32kg + 8q + 2j
 (b0) and + 1 (b1), in int32 units.
 
@@ -59,36 +62,66 @@ from .fused_moe_w4a16 import (FORMATS, W4A16Weights, _combine_kernel, _e4m3_to_f
 # --------------------------------------------------------------------------
 
 
-def frag_pack(words: torch.Tensor) -> torch.Tensor:
+# NVFP4 words: within each 16-bit half (low elements in bits 0-15, high elements
+# in 16-31), register a_r's sign bit and its 3 exponent/mantissa bits sit where
+# one or two shifts put them at bf16 bit 15 and bits 6-8 (see _NVFP4_A):
+# a0 needs none, a1 one, a2 and a3 two.
+NVFP4_SIGN_BIT = (15, 12, 13, 14)
+NVFP4_EM_BIT = (6, 3, 0, 9)
+
+
+def frag_pack(words: torch.Tensor, fmt: str) -> torch.Tensor:
     """int32 [E, N, K/8] (nibble i of word j = K index 8j + i) ->
-    int32 [E, N/16, K/64, 32, 4] in the order described above. One expert at a
-    time, so the temporary is one expert's nibbles."""
+    int32 [E, N/16, K/64, 32, 4] in the order described above. INT4 words hold
+    register a_r's two values as nibbles r and r + 4; NVFP4 words put each
+    value's sign and exponent/mantissa bits at NVFP4_SIGN_BIT / NVFP4_EM_BIT
+    (+ 16 for the high value). One expert at a time, so the temporary is one
+    expert's nibbles."""
     E, N, KW = words.shape
     K = KW * 8
     assert N % 16 == 0 and K % 64 == 0, (N, K)
     out = torch.empty((E, N // 16, K // 64, 32, 4), dtype=torch.int32, device=words.device)
-    shifts = torch.arange(0, 32, 4, device=words.device, dtype=torch.int64)
+    shifts = _bit_positions(fmt, words.device)
     for e in range(E):
-        nib = ((words[e].unsqueeze(-1) >> shifts.to(torch.int32)) & 0xF).reshape(N, K)
+        nib = ((words[e].unsqueeze(-1) >> torch.arange(0, 32, 4, device=words.device, dtype=torch.int32)) & 0xF)
         # row = 16 rt + 8 rh + g; column = 64 kg + 16 q + 4 j + 2 ch + hi
-        n8 = nib.view(N // 16, 2, 8, K // 64, 4, 4, 2, 2)  # rt rh g kg q j ch hi
-        n8 = n8.permute(0, 3, 2, 4, 5, 7, 6, 1)  # rt kg g q j | hi ch rh: nibble i = 4 hi + 2 ch + rh
-        packed = (n8.reshape(N // 16, K // 64, 32, 4, 8).to(torch.int64) << shifts).sum(-1)
+        n8 = nib.reshape(N, K).view(N // 16, 2, 8, K // 64, 4, 4, 2, 2)  # rt rh g kg q j ch hi
+        n8 = n8.permute(0, 3, 2, 4, 5, 7, 6, 1)  # rt kg g q j | hi ch rh: value i = 4 hi + 2 ch + rh
+        n8 = n8.reshape(N // 16, K // 64, 32, 4, 8).to(torch.int64)
+        if fmt == "nvfp4":
+            packed = ((n8 >> 3) << shifts[0]).sum(-1) + ((n8 & 7) << shifts[1]).sum(-1)
+        else:
+            packed = (n8 << shifts).sum(-1)
         out[e] = torch.where(packed < 2**31, packed, packed - 2**32).to(torch.int32)
     return out
 
 
-def frag_unpack(frag: torch.Tensor) -> torch.Tensor:
-    """Inverse of frag_pack (tests)."""
+def _bit_positions(fmt: str, device):
+    """Where value i (= 4 hi + r) of a word starts: INT4 nibble 4i; NVFP4 its
+    sign bit and its exponent/mantissa field."""
+    if fmt == "nvfp4":
+        sign = torch.tensor([16 * (i // 4) + NVFP4_SIGN_BIT[i % 4] for i in range(8)], device=device)
+        em = torch.tensor([16 * (i // 4) + NVFP4_EM_BIT[i % 4] for i in range(8)], device=device)
+        return sign, em
+    return torch.arange(0, 32, 4, device=device, dtype=torch.int64)
+
+
+def frag_unpack(frag: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Inverse of frag_pack (tests, the reference)."""
     E, RT, KG, _, _ = frag.shape
     N, K = RT * 16, KG * 64
-    shifts = torch.arange(0, 32, 4, device=frag.device, dtype=torch.int64)
+    shifts = _bit_positions(fmt, frag.device)
+    nib_shifts = torch.arange(0, 32, 4, device=frag.device, dtype=torch.int64)
     out = torch.empty((E, N, K // 8), dtype=torch.int32, device=frag.device)
     for e in range(E):
-        nib = (frag[e].unsqueeze(-1) >> shifts.to(torch.int32)) & 0xF  # rt kg lane j i
+        w = frag[e].to(torch.int64).unsqueeze(-1) & 0xFFFFFFFF  # rt kg lane j | value
+        if fmt == "nvfp4":
+            nib = (((w >> shifts[0]) & 1) << 3) | ((w >> shifts[1]) & 7)
+        else:
+            nib = (w >> shifts) & 0xF
         nib = nib.view(RT, KG, 8, 4, 4, 2, 2, 2)  # rt kg g q j hi ch rh
-        nib = nib.permute(0, 7, 2, 1, 3, 4, 6, 5).reshape(N, K // 8, 8).to(torch.int64)
-        packed = (nib << shifts).sum(-1)
+        nib = nib.permute(0, 7, 2, 1, 3, 4, 6, 5).reshape(N, K // 8, 8)
+        packed = (nib << nib_shifts).sum(-1)
         out[e] = torch.where(packed < 2**31, packed, packed - 2**32).to(torch.int32)
     return out
 
@@ -97,20 +130,27 @@ def frag_unpack(frag: torch.Tensor) -> torch.Tensor:
 # Inline PTX (GPU) and its interpreter equivalent
 # --------------------------------------------------------------------------
 
-# NVFP4 pair (i, i+4) -> bf16x2 code * 2**-126 (sign and e/m bits moved into
-# place; a bf16 subnormal for e = 0), times the row's block scale * 2**119:
-# code * scale * 2**-7, exact (at most 6 significant bits).
-_NVFP4_PAIR = """
-        shr.u32 t, q, 6;
+# NVFP4: register a_r's two values (NVFP4_SIGN_BIT / NVFP4_EM_BIT) moved to bf16
+# bit 15 (sign) and bits 6-8 (exponent and mantissa): a bf16 of code * 2**-126 (a
+# subnormal for e = 0), then times the row's block scale * 2**119 in the same
+# fma: code * scale * 2**-7, exact (at most 6 significant bits). 15 instructions
+# per word.
+_NVFP4_A = """mov.b32 q, $W;
+        and.b32 u, q, 0x81C081C0;
+        fma.rn.bf16x2 a0, u, $SL, nz;
+        shl.b32 u, q, 3;
+        and.b32 u, u, 0x81C081C0;
+        fma.rn.bf16x2 a1, u, $SH, nz;
+        shl.b32 t, q, 6;
         and.b32 t, t, 0x01C001C0;
-        lop3.b32 u, q, 0x80008000, t, 0xEA;
-        fma.rn.bf16x2 {dst}, u, {s}, nz;"""
-_NVFP4_A = (
-    "mov.b32 q, $W;" + _NVFP4_PAIR.format(dst="a3", s="$SH") + "\n        shl.b32 q, q, 4;"
-    + _NVFP4_PAIR.format(dst="a2", s="$SL") + "\n        shl.b32 q, q, 4;"
-    + _NVFP4_PAIR.format(dst="a1", s="$SH") + "\n        shl.b32 q, q, 4;"
-    + _NVFP4_PAIR.format(dst="a0", s="$SL")
-)
+        shl.b32 u, q, 2;
+        lop3.b32 u, u, 0x80008000, t, 0xEA;
+        fma.rn.bf16x2 a2, u, $SL, nz;
+        shr.u32 t, q, 3;
+        and.b32 t, t, 0x01C001C0;
+        shl.b32 u, q, 1;
+        lop3.b32 u, u, 0x80008000, t, 0xEA;
+        fma.rn.bf16x2 a3, u, $SH, nz;"""
 # INT4 pair (i, i+4): (q & 0x000F000F) | 0x43004300 = bf16 (128 + n); minus 136
 # = n - 8 exactly; times the bf16 scale, rounded once (as the reference).
 _INT4_PAIR = """
@@ -170,7 +210,13 @@ def _mma_emulated(w, s_lo, s_hi, b0, b1, FMT: tl.constexpr, NW: tl.constexpr):
     rh = tl.arange(0, 2)[:, None, None, None, None]
     ch = tl.arange(0, 2)[None, None, :, None, None]
     hi = tl.arange(0, 2)[None, None, None, None, :]
-    nib = (w3[:, None, :, None, :, None] >> (4 * (4 * hi + 2 * ch + rh))[None]) & 0xF  # warp rh g ch q hi
+    w6 = w3[:, None, :, None, :, None]  # warp rh g ch q hi
+    if FMT == 0:
+        r = 2 * ch + rh  # register a_r; bit positions as NVFP4_SIGN_BIT / NVFP4_EM_BIT
+        sign = (w6 >> (16 * hi + 12 + (r + 3) % 4)[None]) & 1
+        nib = (sign << 3) | ((w6 >> (16 * hi + (18 - 3 * r) % 12)[None]) & 7)
+    else:
+        nib = (w6 >> (4 * (4 * hi + 2 * ch + rh))[None]) & 0xF
     sl = tl.reshape(s_lo, (NW, 8, 4))[:, None, :, None, :, None]
     sh = tl.reshape(s_hi, (NW, 8, 4))[:, None, :, None, :, None]
     scale = tl.where(rh[None] == 0, sl, sh)
@@ -523,7 +569,8 @@ def pack_weights(W: W4A16Weights) -> W4A16Weights:
     the original words). Scales and global scales are shared as they are."""
     if W.packed:
         return W
-    return W4A16Weights(W.fmt, frag_pack(W.w13), W.s13, W.g13, frag_pack(W.w2), W.s2, W.g2, packed=True)
+    return W4A16Weights(W.fmt, frag_pack(W.w13, W.fmt), W.s13, W.g13, frag_pack(W.w2, W.fmt), W.s2, W.g2,
+                        packed=True)
 
 
 def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid):
