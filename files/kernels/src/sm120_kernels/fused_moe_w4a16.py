@@ -550,11 +550,20 @@ def fused_moe_w4a16(
     buf = torch.empty((num_valid, H), dtype=torch.float32, device=x.device)
     _gemm(inter, weights.w2, weights.s2, weights.g2, buf, topk_weights, align, k, H, I,
           weights.fmt, c2, False, True, None, num_valid)
+    return combine(buf, topk_ids, E, routed_scaling_factor, out)
+
+
+def combine(buf: torch.Tensor, topk_ids: torch.Tensor, num_local: int, routed_scaling_factor: float,
+            out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The last launch of both GEMM paths: out[t] = rsf * sum over token t's
+    local top-k slots of the fp32 rows buf[t * k + j], as bf16."""
+    T, k = topk_ids.shape
+    H = buf.shape[1]
     if out is None:
-        out = torch.empty((T, H), dtype=torch.bfloat16, device=x.device)
+        out = torch.empty((T, H), dtype=torch.bfloat16, device=buf.device)
     bh = 1024
     _combine_kernel[(T, triton.cdiv(H, bh))](
-        buf, topk_ids, out, k, H, E, float(routed_scaling_factor),
+        buf, topk_ids, out, k, H, num_local, float(routed_scaling_factor),
         buf.stride(0), out.stride(0), BLOCK_H=bh, INTERP=_interpreting(), num_warps=4)
     return out
 

@@ -54,8 +54,7 @@ import triton
 import triton.language as tl
 
 from . import routing
-from .fused_moe_w4a16 import (FORMATS, W4A16Weights, _combine_kernel, _e4m3_to_f32, _fp4_val, _interpreting,
-                              _to_bf16)
+from .fused_moe_w4a16 import FORMATS, W4A16Weights, _e4m3_to_f32, _fp4_val, _interpreting, _to_bf16, combine
 
 # --------------------------------------------------------------------------
 # Packing (host, once per layer at load time)
@@ -625,10 +624,4 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
     buf = torch.empty((num_valid, H), dtype=torch.float32, device=x.device)
     _frag_gemm(inter, weights.w2, weights.s2, weights.g2, buf, topk_weights, align, k, H, weights.fmt,
                cfg["down"], False, True, None, num_valid)
-    if out is None:
-        out = torch.empty((T, H), dtype=torch.bfloat16, device=x.device)
-    bh = 1024
-    _combine_kernel[(T, triton.cdiv(H, bh))](
-        buf, topk_ids, out, k, H, E, float(routed_scaling_factor),
-        buf.stride(0), out.stride(0), BLOCK_H=bh, INTERP=_interpreting(), num_warps=4)
-    return out
+    return combine(buf, topk_ids, E, routed_scaling_factor, out)
