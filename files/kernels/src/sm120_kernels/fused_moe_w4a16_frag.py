@@ -563,15 +563,6 @@ def _moe_frag_kernel(
 # Host side
 # --------------------------------------------------------------------------
 
-def pack_weights(W: W4A16Weights) -> W4A16Weights:
-    """The same weights with w13/w2 in fragment order (a copy; the caller drops
-    the original words). Scales and global scales are shared as they are."""
-    if W.packed:
-        return W
-    return W4A16Weights(W.fmt, frag_pack(W.w13, W.fmt), W.s13, W.g13, frag_pack(W.w2, W.fmt), W.s2, W.g2,
-                        packed=True)
-
-
 def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid):
     sorted_ids, expert_ids, _ = align
     E, RT, KG = Wf.shape[:3]
