@@ -30,7 +30,7 @@ def _run(fmt, T, E, H, I, ids, *, rsf=1.0, limit=None, kn=False, seed=0, scale=1
     return out, ref, (x, W, tw)
 
 
-# the interpreter is slow on the CUDA-core kernel: cover it on fewer variants
+# the interpreter is slow on the fragment kernel (its MMA emulated per warp): fewer variants
 VARIANTS = [(fmt, kn, T, "mma") for fmt, kn in (("nvfp4", False), ("int4", False), ("int4", True)) for T in (1, 5)]
 VARIANTS += [("nvfp4", False, 3, "frag"), ("int4", True, 3, "frag"), ("nvfp4", False, 20, "frag2")]
 FAMILY_CFG = {"mma": CFG, "frag": CFG_FRAG, "frag2": CFG_FRAG2}

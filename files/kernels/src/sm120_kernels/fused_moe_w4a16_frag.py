@@ -470,7 +470,6 @@ def _moe_frag_kernel(
         tile1 = tile0 + 1
     num_post = tl.load(num_post_ptr)
     nblk = num_post // BM
-    iters = tl.cdiv(KG, NW)
     x32 = x_ptr.to(tl.pointer_type(tl.int32))
     for mb in range(tl.program_id(1), nblk, tl.num_programs(1)):
         e = tl.load(expert_ids_ptr + mb).to(tl.int64)
