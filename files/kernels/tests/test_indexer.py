@@ -57,6 +57,26 @@ def test_logits_match_reference(batch, next_n, ctxs, extra, prefetch, ppi, ppp, 
 
 
 @on_cpu
+@pytest.mark.parametrize(
+    "batch,next_n,ctxs,programs_per_sm",
+    [
+        (3, 1, [64, 129, 257], 1),  # 8 CPU "SMs": 2 splits of 5 pages per row (2 + 3)
+        (1, 1, [1000], 3),  # 24 slots, 16 pages: one page per program
+        (2, 2, [190, 700], 1),  # 4 splits of 11 pages (2, 3, 3, 3)
+    ],
+)
+def test_logits_balanced_splits(batch, next_n, ctxs, programs_per_sm):
+    """programs_per_sm: pages cut into near-equal runs, one wave of programs;
+    every column written and equal to the reference."""
+    cfg = {"prefetch": False, "swap": True, "programs_per_sm": programs_per_sm, "num_warps": 4, "num_stages": 3}
+    out, ref, _ = _run(batch, next_n, ctxs, seed=batch * 7 + next_n, extra=64, config=cfg)
+    res = I.compare_logits(out, ref)
+    assert not torch.isnan(out).any(), "unwritten output"
+    assert res["same_mask"], "-inf masks differ"
+    assert res["calc_diff"] < 1e-3, res
+
+
+@on_cpu
 def test_logits_ctx_per_query_2d():
     ctxs = [[100, 101], [7, 64]]
     out, ref, _ = _run(2, 2, ctxs, seed=3, ctx_2d=True)
@@ -190,7 +210,7 @@ LOGITS_SIG = {
     "bt_ptr": "*i32",
     "out_ptr": "*fp32",
     "max_len": "i32",
-    "pages_per_prog": "i32",
+    "n_splits": "i32",
     "stride_qb": "i32",
     "stride_qn": "i32",
     "stride_qh": "i32",

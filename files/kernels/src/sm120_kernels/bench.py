@@ -3,11 +3,17 @@ measured copy bandwidth, and speed-up over the torch reference.
 
     python -m sm120_kernels.bench [--plot bench.png] [--json PATH] [-k SUBSTRING] [--no-ref]
 
-Method (the device tool's METHOD.md): triton.testing.do_bench, which clears the
-L2 (writes a 256 MB buffer) before every timed call and times each call with
-CUDA events; medians. The MoE call is captured in a CUDA graph and replayed, as
-SGLang's decode does. The copy bandwidth is a 2 GiB device-to-device copy,
-counting bytes read plus bytes written.
+Method (the device tool's METHOD.md), two figures per case, medians:
+- single call (time_us): the call captured alone in a CUDA graph, as SGLang's
+  decode runs it; triton.testing.do_bench clears the L2 (writes a 256 MB
+  buffer) before every replay and times it with CUDA events. This includes one
+  graph launch: a graph holding one tiny kernel measures about 4.5 us this way.
+- in stream (stream_us): the call repeated back to back in one CUDA graph, as
+  it runs among the decode graph's other nodes, rotating through distinct input
+  sets that together read at least twice the L2 (so no call finds its inputs
+  cached); the replay's time over the number of calls.
+Targets are judged on the in-stream time; both are printed. The copy bandwidth
+is a 2 GiB device-to-device copy, counting bytes read plus bytes written.
 """
 
 from __future__ import annotations
@@ -33,6 +39,29 @@ def copy_bandwidth(device) -> float:
     return 2 * n / (ms * 1e-3)
 
 
+def stream_time_us(calls, min_calls: int = 32, rep_ms: int = 200):
+    """Per-call time of `calls` (one per input set) back to back in one CUDA
+    graph, cycled to at least `min_calls` calls; returns (us, calls timed)."""
+    import torch
+    from triton.testing import do_bench
+
+    reps = len(calls) * -(-min_calls // len(calls))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up off the capture: compiles, allocator pools
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            calls[i % len(calls)]()
+    ms = do_bench(graph.replay, warmup=10, rep=rep_ms, return_mode="median")
+    del graph
+    return ms * 1e3 / reps, reps
+
+
 def plot(rows, path, device_name, bw):
     import matplotlib
 
@@ -44,12 +73,15 @@ def plot(rows, path, device_name, bw):
     for ax, grp in zip(axes[0], groups):
         rs = sorted((r for r in rows if r["group"] == grp), key=lambda r: r["batch"])
         xs = [r["batch"] for r in rs]
-        ax.plot(xs, [r["time_us"] for r in rs], "o-", label="kernel (median)")
+        ax.plot(xs, [r["time_us"] for r in rs], "o-", label="single call (median)")
+        if all(r.get("stream_us") for r in rs):
+            ax.plot(xs, [r["stream_us"] for r in rs], "^-", label="in stream (median)")
         ax.plot(xs, [r["bound_us"] for r in rs], "k--", label="bytes / copy bandwidth")
         if any(r.get("ref_time_us") for r in rs):
             ax.plot(xs, [r.get("ref_time_us") for r in rs], "s:", label="torch reference")
         for r in rs:
-            ax.annotate(f"{100 * r['bw_fraction']:.0f}%", (r["batch"], r["time_us"]),
+            ax.annotate(f"{100 * r.get('stream_bw_fraction', r['bw_fraction']):.0f}%",
+                        (r["batch"], r.get("stream_us", r["time_us"])),
                         textcoords="offset points", xytext=(4, 6), fontsize=8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -58,7 +90,7 @@ def plot(rows, path, device_name, bw):
         ax.set_title(f"{grp}, EP8 share")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"sm120_kernels MoE W4A16 on {device_name} (copy {bw / 1e9:.0f} GB/s)")
+    fig.suptitle(f"sm120_kernels on {device_name} (copy {bw / 1e9:.0f} GB/s; % = in stream)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -83,7 +115,11 @@ def _tune(case, dev, do_bench):
                 M._BENCH_CONFIG_OVERRIDE[key] = trial
                 try:
                     spec = case.make(dev)
-                    timings.append((do_bench(spec.fn, warmup=5, rep=40, return_mode="median"), cand))
+                    if spec.stream_calls:
+                        t_us, _ = stream_time_us(spec.stream_calls, min_calls=16, rep_ms=40)
+                        timings.append((t_us * 1e-3, cand))
+                    else:
+                        timings.append((do_bench(spec.fn, warmup=5, rep=40, return_mode="median"), cand))
                     del spec
                 except Exception as exc:
                     print(f"# tune {case.name} {kernel} {cand}: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -100,7 +136,7 @@ def _tune(case, dev, do_bench):
 def write_tuned(path, tuned, device_name):
     from .models import MODELS
 
-    data = {"_comment": f"{device_name}: fastest of the bench --tune candidates per batch (CUDA-graph replay, L2 cleared)."}
+    data = {"_comment": f"{device_name}: fastest of the bench --tune candidates per batch (in-stream time: calls back to back in a CUDA graph over input sets twice the L2)."}
     for (group, batch), cfg in sorted(tuned.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         fmt = next(m.fmt for m in MODELS if m.name == group)
         data.setdefault(fmt, {})[str(batch)] = cfg
@@ -148,25 +184,36 @@ def main(argv=None) -> int:
                "GBps": round(spec.bytes / (t * 1e-6) / 1e9, 1),
                "bw_fraction": round(spec.bytes / (t * 1e-6) / bw, 3),
                "bound_us": round(spec.bytes / bw * 1e6, 2)}
+        if spec.stream_calls:
+            ts, reps = stream_time_us(spec.stream_calls)
+            ts2, _ = stream_time_us(spec.stream_calls)
+            row.update({"stream_us": round(ts, 2), "stream_us_repeat": round(ts2, 2),
+                        "stream_calls": reps, "stream_input_sets": len(spec.stream_calls),
+                        "stream_bw_fraction": round(spec.bytes / (ts * 1e-6) / bw, 3)})
         row.update({k: v for k, v in spec.extra.items() if not k.startswith("_")})
+        judged = row.get("stream_us", t)
         if spec.ref_fn is not None and not args.no_ref:
             tr = do_bench(spec.ref_fn, warmup=1, rep=300, return_mode="median") * 1e3
             row["ref_time_us"] = round(tr, 1)
             row["speedup"] = round(tr / t, 1)
-        if case.batch == 1:
+        fraction = spec.extra.get("_target_fraction", TARGET_FRACTION)
+        if case.batch == 1 and case.name.startswith("moe_w4a16"):
             row["target"] = f"< {TARGET_BATCH1_US} us"
-            row["meets_target"] = t < TARGET_BATCH1_US
-        else:
-            row["target"] = f">= {TARGET_FRACTION:.0%} of copy bandwidth"
-            row["meets_target"] = row["bw_fraction"] >= TARGET_FRACTION
+            row["meets_target"] = judged < TARGET_BATCH1_US
+        elif case.batch > 1 or "_target_fraction" in spec.extra:
+            row.setdefault("target", f">= {fraction:.0%} of copy bandwidth")
+            row["meets_target"] = spec.bytes / (judged * 1e-6) / bw >= fraction
         rows.append(row)
         print(f"# {case.name}: {t:.1f} us ({row['bw_fraction']:.0%} of copy bw)"
+              + (f"; in stream {row['stream_us']:.1f} us ({row['stream_bw_fraction']:.0%})" if "stream_us" in row else "")
               + (f", ref {row['ref_time_us']:.0f} us, x{row['speedup']}" if "speedup" in row else ""),
               file=sys.stderr, flush=True)
         del spec
     result = {"version": __version__, "device": name, "torch": torch.__version__,
               "triton": __import__("triton").__version__, "copy_bandwidth_GBps": round(bw / 1e9, 1),
-              "method": "do_bench median, L2 cleared before each call, CUDA graph replay", "results": rows}
+              "method": "medians; time_us: one call per CUDA-graph replay, L2 cleared before each; "
+              "stream_us: calls back to back in one graph over input sets twice the L2, per call",
+              "results": rows}
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:

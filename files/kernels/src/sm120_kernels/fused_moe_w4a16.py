@@ -766,7 +766,7 @@ TUNE_FAMILIES = {
 
 def _bench_moe(model, batch):
     from .models import ep_share_routing
-    from .registry import BenchSpec
+    from .registry import BenchSpec, stream_sets
 
     def make(device):
         W = _model_weights(model, device)
@@ -797,10 +797,22 @@ def _bench_moe(model, batch):
         except Exception as exc:  # keep eager timing, say so
             graph = None
             print(f"# graph capture failed for {model.name} b={batch}: {exc}")
+        # in-stream sets: the same batch routed to other local experts (ids
+        # shifted), so back-to-back calls read other weights, as successive
+        # layers do; enough sets that together they read twice the L2
+        nbytes = moe_bytes(model, batch, len(active))
+        n_sets = min(stream_sets(nbytes, device), max(2, model.local_experts // len(active)))
+        stream_calls = []
+        for i in range(n_sets):
+            ids_i = torch.where(ids >= 0, (ids + i * len(active)) % model.local_experts, ids)
+            x_i = torch.randn((batch, model.hidden), device=device).to(torch.bfloat16)
+            out_i = torch.empty_like(x_i)
+            stream_calls.append(lambda x_i=x_i, ids_i=ids_i, out_i=out_i:
+                                fused_moe_w4a16(x_i, W, tw, ids_i, out=out_i, config=cfg, **kw))
         # the reference reads checkpoint-order words: unpack once, outside the timing
         W_ref = W4A16Weights(W.fmt, W.words("w13"), W.s13, W.g13, W.words("w2"), W.s2, W.g2)
         return BenchSpec(
-            fn=fn, bytes=moe_bytes(model, batch, len(active)),
+            fn=fn, bytes=nbytes, stream_calls=stream_calls,
             ref_fn=lambda: moe_w4a16_reference(x, W_ref, tw, ids, **kw),
             extra={"model": model.name, "fmt": model.fmt, "active_experts": len(active),
                    "local_slots": int((ids >= 0).sum().item()), "cuda_graph": graph is not None,

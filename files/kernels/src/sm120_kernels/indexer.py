@@ -108,7 +108,7 @@ def _mqa_logits_kernel(
     bt_ptr,
     out_ptr,
     max_len,
-    pages_per_prog,
+    n_splits,
     stride_qb,
     stride_qn,
     stride_qh,
@@ -127,7 +127,8 @@ def _mqa_logits_kernel(
     SWAP: tl.constexpr = False,
     L2_AHEAD: tl.constexpr = 0,
 ):
-    """Program (b, sp): the logits of batch row b, pages ``[sp * pages_per_prog, ...)``.
+    """Program (b, sp): the logits of batch row b, split sp of the row's pages
+    cut into n_splits near-equal runs (their lengths differ by at most one).
     L2_AHEAD > 0 (PPI 1): page p + L2_AHEAD is prefetched into L2 while page p
     is computed (inline PTX; not under the interpreter).
 
@@ -170,8 +171,8 @@ def _mqa_logits_kernel(
     max_valid = tl.max(lens, axis=0)
     n_valid_pages = tl.cdiv(max_valid, PAGE)
 
-    p_begin = sp * pages_per_prog
-    p_end = tl.minimum(p_begin + pages_per_prog, n_out_pages)
+    p_begin = (sp * n_out_pages) // n_splits
+    p_end = ((sp + 1) * n_out_pages) // n_splits
     out_rows = out_ptr + (b * NEXT_N + offs_n).to(tl.int64)[:, None] * stride_out
     bt_row = bt_ptr + b * stride_bt
 
@@ -339,13 +340,20 @@ def paged_mqa_logits(
     else:
         cfg = _resolve_config("logits_next_n2", DEFAULT_LOGITS_N2_CONFIG, config, q.device)
     n_out_pages = triton.cdiv(max_context_len, PAGE_SIZE)
-    # Enough programs to fill the device about four times over; at most
-    # max_pages_per_prog pages each.
     ppi = int(cfg.get("pages_per_iter", 1))
-    target = int(cfg.get("waves", 4)) * _num_sms(q.device)
-    ppp = max(ppi, min(int(cfg["max_pages_per_prog"]), (batch * n_out_pages) // target))
-    ppp = triton.cdiv(ppp, ppi) * ppi
-    n_sp = triton.cdiv(n_out_pages, ppp)
+    if cfg.get("programs_per_sm"):
+        # One wave with every SM equally loaded: programs_per_sm resident
+        # programs per SM (what the kernel's registers allow), the rows' pages
+        # split into near-equal runs among them.
+        slots = int(cfg["programs_per_sm"]) * _num_sms(q.device)
+        n_sp = max(1, min(n_out_pages, slots // batch))
+    else:
+        # Enough programs to fill the device about four times over; at most
+        # max_pages_per_prog pages each.
+        target = int(cfg.get("waves", 4)) * _num_sms(q.device)
+        ppp = max(ppi, min(int(cfg["max_pages_per_prog"]), (batch * n_out_pages) // target))
+        ppp = triton.cdiv(ppp, ppi) * ppi
+        n_sp = triton.cdiv(n_out_pages, ppp)
     _mqa_logits_kernel[(batch, n_sp)](
         q,
         kv8,
@@ -355,7 +363,7 @@ def paged_mqa_logits(
         bt,
         out,
         max_context_len,
-        ppp,
+        n_sp,
         q.stride(0),
         q.stride(1),
         q.stride(2),
@@ -893,38 +901,37 @@ def _graphed(fn):
 
 def bench_cases():
     """BenchCase list: bytes = the KV pages it must read (+ q, weights, output)."""
-    from .registry import BenchCase, BenchSpec
+    from .registry import BenchCase, BenchSpec, stream_sets
 
     def setup(batch, next_n, ctx_len, with_topk):
         def make(device):
-            q, kv, w, ctx, bt, max_ctx = make_inputs(batch, next_n, [ctx_len] * batch, seed=7, extra_pages=0)
-            q, kv, w, ctx, bt = (t.to(device) for t in (q, kv, w, ctx, bt))
             rows = batch * next_n
-            scratch = torch.empty(rows, max_ctx, dtype=torch.float32, device=device)
-            idx = torch.empty(rows, TOPK, dtype=torch.int32, device=device)
-            lens = row_lengths(ctx, next_n)
             kv_bytes = batch * ctx_len * (HEAD_DIM + 4)
-            if with_topk:
+            nbytes = kv_bytes + batch * next_n * NUM_HEADS * (HEAD_DIM + 4)
+            nbytes += rows * TOPK * 4 if with_topk else rows * ctx_len * 4
+
+            def call_on(seed):
+                """The call on one input set (its own pages, queries and weights)."""
+                q, kv, w, ctx, bt, max_ctx = make_inputs(batch, next_n, [ctx_len] * batch, seed=seed, extra_pages=0)
+                q, kv, w, ctx, bt = (t.to(device) for t in (q, kv, w, ctx, bt))
+                scratch = torch.empty(rows, max_ctx, dtype=torch.float32, device=device)
+                idx = torch.empty(rows, TOPK, dtype=torch.int32, device=device)
+                lens = row_lengths(ctx, next_n)
 
                 def fn():
                     paged_mqa_logits(q, kv, w, ctx, bt, max_ctx, out=scratch)
-                    topk_indices(scratch, lens, TOPK, out=idx)
+                    if with_topk:
+                        topk_indices(scratch, lens, TOPK, out=idx)
 
-                nbytes = kv_bytes + q.numel() + w.numel() * 4 + rows * TOPK * 4
-            else:
+                return fn, (q, kv, w, ctx, bt, max_ctx)
 
-                def fn():
-                    paged_mqa_logits(q, kv, w, ctx, bt, max_ctx, out=scratch)
-
-                nbytes = kv_bytes + q.numel() + w.numel() * 4 + rows * max_ctx * 4
-
-            def ref_fn():
-                return _torch_sm120_like(q, kv, w, ctx, bt, max_ctx)
-
+            fn, args = call_on(7)
+            stream_calls = [fn] + [call_on(8 + i)[0] for i in range(stream_sets(nbytes, device) - 1)]
             return BenchSpec(
                 fn=_graphed(fn),
                 bytes=nbytes,
-                ref_fn=ref_fn,
+                ref_fn=lambda: _torch_sm120_like(*args),
+                stream_calls=stream_calls,
                 extra={"kv_bytes": kv_bytes, "target": ">= 70% of copy bandwidth", "_target_fraction": 0.70},
             )
 

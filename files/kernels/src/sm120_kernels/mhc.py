@@ -1066,11 +1066,10 @@ def bench_cases():
     """mHC pre + post (3 launches) and the fused post+pre (2 launches), each
     captured in a CUDA graph as SGLang's decode runs them."""
     from .indexer import _graphed
-    from .registry import BenchCase, BenchSpec
+    from .registry import BenchCase, BenchSpec, stream_sets
 
     def setup(n, which):
         def make(device):
-            residual, x, fn, scale, base, post, comb = make_inputs(n, HIDDEN, device=device, seed=11)
             hc, d = HC_MULT, HIDDEN
             mix = 2 * hc + hc * hc
             b_res = n * hc * d * 2
@@ -1078,31 +1077,42 @@ def bench_cases():
             b_fn = mix * hc * d * 4
             b_small = n * (hc + hc * hc) * 4
             if which == "pre+post":
-
-                def fn_():
-                    mhc_pre(residual, fn, scale, base, RMS_EPS, HC_EPS)
-                    mhc_post(x, residual, post, comb)
-
-                def ref():
-                    mhc_pre_torch(residual, fn, scale, base, RMS_EPS, HC_EPS)
-                    mhc_post_torch(x, residual, post, comb)
-
                 # pre: residual + fn in, y + post/comb out; post: y + residual in, residual out
                 nbytes = (b_res + b_fn + b_x + b_small) + (b_x + b_res + b_res + b_small)
             else:
-
-                def fn_():
-                    mhc_post_pre(x, residual, post, comb, fn, scale, base, RMS_EPS, HC_EPS)
-
-                def ref():
-                    r = mhc_post_torch(x, residual, post, comb)
-                    mhc_pre_torch(r, fn, scale, base, RMS_EPS, HC_EPS)
-
                 nbytes = b_x + b_res + b_res + b_fn + b_x + 2 * b_small
+
+            def call_on(seed):
+                """The calls on one input set (its own residual, layer output and
+                parameters, as another layer has)."""
+                residual, x, fn, scale, base, post, comb = make_inputs(n, HIDDEN, device=device, seed=seed)
+                if which == "pre+post":
+
+                    def fn_():
+                        mhc_pre(residual, fn, scale, base, RMS_EPS, HC_EPS)
+                        mhc_post(x, residual, post, comb)
+
+                    def ref():
+                        mhc_pre_torch(residual, fn, scale, base, RMS_EPS, HC_EPS)
+                        mhc_post_torch(x, residual, post, comb)
+                else:
+
+                    def fn_():
+                        mhc_post_pre(x, residual, post, comb, fn, scale, base, RMS_EPS, HC_EPS)
+
+                    def ref():
+                        r = mhc_post_torch(x, residual, post, comb)
+                        mhc_pre_torch(r, fn, scale, base, RMS_EPS, HC_EPS)
+
+                return fn_, ref
+
+            fn_, ref = call_on(11)
+            stream_calls = [fn_] + [call_on(12 + i)[0] for i in range(stream_sets(nbytes, device) - 1)]
             return BenchSpec(
                 fn=_graphed(fn_),
                 bytes=nbytes,
                 ref_fn=ref,
+                stream_calls=stream_calls,
                 extra={"target": "within 2x of bytes / copy bandwidth, >= 5x over torch", "_target_fraction": 0.5},
             )
 

@@ -39,6 +39,18 @@ class BenchSpec:
     bytes: int  # fewest bytes the call must move through device memory
     ref_fn: Optional[Callable[[], object]] = None  # torch reference, for speed-up
     extra: dict = field(default_factory=dict)
+    # the same call on distinct input sets (eager), for the in-stream time:
+    # together they read at least twice the L2 (stream_sets says how many)
+    stream_calls: list = field(default_factory=list)
+
+
+def stream_sets(bytes_per_call: int, device, cap: int = 64) -> int:
+    """How many distinct input sets back-to-back calls must rotate through so
+    that no call finds its inputs in the L2: together at least twice its size."""
+    import torch
+
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    return max(2, min(cap, -(-2 * l2 // max(1, bytes_per_call))))
 
 
 @dataclass
