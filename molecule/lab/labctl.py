@@ -275,13 +275,21 @@ def lab_mounts(prefix: Path) -> list[str]:
     return mounts
 
 
-def down(name: str) -> None:
+def begin_poweroff(name: str) -> None:
+    """Ask a running host to power off and return at once (down() waits)."""
+    pid = read_json(host_dir(name) / "host.json").get("pid")
+    if pid and alive(pid):
+        log(f"{name}: powering off")
+        os.kill(pid, signal.SIGTERM)  # nspawn turns SIGTERM into a clean poweroff
+
+
+def down(name: str, signalled: bool = False) -> None:
     hdir = host_dir(name)
     meta = read_json(hdir / "host.json")
     pid = meta.get("pid")
     if pid and alive(pid):
-        log(f"{name}: powering off")
-        os.kill(pid, signal.SIGTERM)  # nspawn turns SIGTERM into a clean poweroff
+        if not signalled:
+            begin_poweroff(name)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -366,8 +374,12 @@ def main() -> int:
     elif args.command == "down":
         if not args.name and not args.all:
             sys.exit("down: name a host or pass --all")
-        for name in all_hosts() if args.all else [args.name]:
-            down(name)
+        names = all_hosts() if args.all else [args.name]
+        # every host shuts down at once; then each is waited for and removed
+        for name in names:
+            begin_poweroff(name)
+        for name in names:
+            down(name, signalled=True)
         if args.all:
             shutil.rmtree(state_dir(), ignore_errors=True)
     elif args.command == "status":
