@@ -47,7 +47,8 @@ FRAG_SIG = {
     "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_post_ptr": "*i32",
     "num_valid": "i32", "top_k": "i32", "KG": "i32",
     "stride_xm": "i64", "stride_we": "i64", "stride_wt": "i64", "stride_se": "i64", "stride_sn": "i64",
-    "stride_om": "i64", "up_tiles": "i32", "g_mult": "fp32", "swiglu_limit": "fp32",
+    "stride_om": "i64", "up_tiles": "i32", "g_mult": "fp32", "swiglu_limit": "fp32", "rsf": "fp32",
+    "num_experts": "i32",
 }
 
 
@@ -67,8 +68,12 @@ def _gemm_variants():
                     const = dict(FMT=M.FORMATS.index(fmt), GATED=gated, X_IS_SORTED=not gated,
                                  HAS_LIMIT=bool(model.swiglu_limit) and gated, NT=c["NT"], NW=c["num_warps"],
                                  RT=1 if gated else c.get("RT", 1), PIPE=c["pipe"], DEPTH=c.get("depth", 1),
-                                 EVEN_K=k_words % (c["num_warps"] * c.get("depth", 1)) == 0, INTERP=False)
+                                 EVEN_K=k_words % (c["num_warps"] * c.get("depth", 1)) == 0, INTERP=False,
+                                 DIRECT=False)
                     yield f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig, const, c["num_warps"], 1
+                    if bucket == "1" and c["NT"] == 1:  # one token: the two-launch path (bf16 output)
+                        yield (f"{fname}:{fmt}:{bucket}:{kernel}:direct", F._moe_frag_kernel,
+                               dict(sig, out_ptr=ptr["bf16"]), dict(const, DIRECT=True), c["num_warps"], 1)
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:
         fmt = model.fmt

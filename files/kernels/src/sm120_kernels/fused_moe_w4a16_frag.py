@@ -443,10 +443,10 @@ def _moe_frag_kernel(
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
     num_valid, top_k, KG,
     stride_xm, stride_we, stride_wt, stride_se, stride_sn, stride_om,
-    up_tiles, g_mult, swiglu_limit,
+    up_tiles, g_mult, swiglu_limit, rsf, num_experts,
     FMT: tl.constexpr, GATED: tl.constexpr, X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr,
     NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
-    EVEN_K: tl.constexpr, INTERP: tl.constexpr,
+    EVEN_K: tl.constexpr, INTERP: tl.constexpr, DIRECT: tl.constexpr = False,
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -454,7 +454,14 @@ def _moe_frag_kernel(
     (1 or 2) consecutive row tiles, -> fp32 rows times the top-k weight at the
     (token, slot) index. BLOCK_M = 8 NT tokens of one expert at a time, the
     grid's second axis walking the expert blocks. Same inputs and outputs as
-    fused_moe_w4a16's kernels."""
+    fused_moe_w4a16's kernels.
+
+    DIRECT (one token, NT 1; no alignment launch): block mb is the token's
+    top-k slot mb (expert_ids_ptr = the token's top-k ids; slots routed
+    elsewhere are skipped). GATED writes row 8 mb of out. The down GEMM
+    (grid axis 1 of size 1) walks every slot and sums its rows times the
+    top-k weight in registers, then writes the token's bf16 output times rsf:
+    the combine without its launch."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
     t = tl.arange(0, 32 * NW)
@@ -468,101 +475,142 @@ def _moe_frag_kernel(
     else:
         tile0 = tl.program_id(0) * RT
         tile1 = tile0 + 1
-    num_post = tl.load(num_post_ptr)
-    nblk = num_post // BM
+    if DIRECT:
+        nblk = top_k
+    else:
+        nblk = tl.load(num_post_ptr) // BM
     x32 = x_ptr.to(tl.pointer_type(tl.int32))
+    l32 = tl.arange(0, 32)
+    # DIRECT down: the token's sums over its slots (C rows gi and gi + 8 of
+    # each row tile; column 0, held by the lanes with l32 % 4 == 0)
+    tot00 = tl.zeros((32,), tl.float32)
+    tot02 = tl.zeros((32,), tl.float32)
+    tot10 = tl.zeros((32,), tl.float32)
+    tot12 = tl.zeros((32,), tl.float32)
     for mb in range(tl.program_id(1), nblk, tl.num_programs(1)):
-        e = tl.load(expert_ids_ptr + mb).to(tl.int64)
-        # the lane's B column: token slot gi (and gi + 8) of this block
-        sid = tl.load(sorted_ids_ptr + mb * BM + gi)
+        if DIRECT:
+            e_id = tl.load(expert_ids_ptr + mb)
+            live = (e_id >= 0) & (e_id < num_experts)
+            e = tl.where(live, e_id, 0).to(tl.int64)
+            sid = tl.where(gi == 0, mb, num_valid)
+        else:
+            e = tl.load(expert_ids_ptr + mb).to(tl.int64)
+            live = mb >= 0
+            # the lane's B column: token slot gi (and gi + 8) of this block
+            sid = tl.load(sorted_ids_ptr + mb * BM + gi)
         valid = sid < num_valid
-        if X_IS_SORTED:
-            xr = (mb * BM + gi).to(tl.int64)
-        else:
-            xr = tl.where(valid, sid // top_k, 0).to(tl.int64)
-        xb = x32 + xr * stride_xm + 8 * tq
-        xb2 = xb
-        valid2 = valid
-        if NT == 2:  # the second n8 tile: token slots 8 .. 15
-            sid2 = tl.load(sorted_ids_ptr + mb * BM + 8 + gi)
-            valid2 = sid2 < num_valid
+        if live:
             if X_IS_SORTED:
-                xr2 = (mb * BM + 8 + gi).to(tl.int64)
+                xr = (mb * BM + gi).to(tl.int64)
             else:
-                xr2 = tl.where(valid2, sid2 // top_k, 0).to(tl.int64)
-            xb2 = x32 + xr2 * stride_xm + 8 * tq
-        wp0 = w_ptr + e * stride_we + tile0 * stride_wt + lane * 4
-        wp1 = w_ptr + e * stride_we + tile1 * stride_wt + lane * 4
-        if FMT == 0:
-            sq = tq  # the lane's 16 columns: scale group 4 kg + q
-        else:
-            sq = tq // 2  # group of 32: 2 kg + q // 2
-        sp0 = s_ptr + e * stride_se + (tile0 * 16 + gi).to(tl.int64) * stride_sn + sq
-        sp1 = s_ptr + e * stride_se + (tile1 * 16 + gi).to(tl.int64) * stride_sn + sq
-        acc0 = _zeros(32 * NW, NT)
-        acc1 = acc0
-        # software pipeline: the next step's words, scales and activations
-        # (DEPTH K groups per warp) are in flight while this step's are
-        # dequantised and multiplied
-        kg = warp
-        step = NW * DEPTH
-        la = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2, tl.minimum(kg, KG - 1),
-                          FMT, NT, TWO, INTERP)
-        lb = la
-        if DEPTH == 2:
-            lb = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2, tl.minimum(kg + NW, KG - 1),
+                xr = tl.where(valid, sid // top_k, 0).to(tl.int64)
+            xb = x32 + xr * stride_xm + 8 * tq
+            xb2 = xb
+            valid2 = valid
+            if NT == 2:  # the second n8 tile: token slots 8 .. 15
+                sid2 = tl.load(sorted_ids_ptr + mb * BM + 8 + gi)
+                valid2 = sid2 < num_valid
+                if X_IS_SORTED:
+                    xr2 = (mb * BM + 8 + gi).to(tl.int64)
+                else:
+                    xr2 = tl.where(valid2, sid2 // top_k, 0).to(tl.int64)
+                xb2 = x32 + xr2 * stride_xm + 8 * tq
+            wp0 = w_ptr + e * stride_we + tile0 * stride_wt + lane * 4
+            wp1 = w_ptr + e * stride_we + tile1 * stride_wt + lane * 4
+            if FMT == 0:
+                sq = tq  # the lane's 16 columns: scale group 4 kg + q
+            else:
+                sq = tq // 2  # group of 32: 2 kg + q // 2
+            sp0 = s_ptr + e * stride_se + (tile0 * 16 + gi).to(tl.int64) * stride_sn + sq
+            sp1 = s_ptr + e * stride_se + (tile1 * 16 + gi).to(tl.int64) * stride_sn + sq
+            acc0 = _zeros(32 * NW, NT)
+            acc1 = acc0
+            # software pipeline: the next step's words, scales and activations
+            # (DEPTH K groups per warp) are in flight while this step's are
+            # dequantised and multiplied
+            kg = warp
+            step = NW * DEPTH
+            la = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2, tl.minimum(kg, KG - 1),
                               FMT, NT, TWO, INTERP)
-        for it in range(0, tl.cdiv(KG, step)):
-            ca = la
-            cb = lb
-            ok_a = kg < KG
-            ok_b = kg + NW < KG
-            if PIPE:
-                la = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
-                                  tl.minimum(kg + step, KG - 1), FMT, NT, TWO, INTERP)
-                if DEPTH == 2:
-                    lb = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
-                                      tl.minimum(kg + step + NW, KG - 1), FMT, NT, TWO, INTERP)
-            acc0, acc1 = _group_compute(acc0, acc1, ca, ok_a, FMT, NT, NW, TWO, EVEN_K, INTERP)
+            lb = la
             if DEPTH == 2:
-                acc0, acc1 = _group_compute(acc0, acc1, cb, ok_b, FMT, NT, NW, TWO, EVEN_K, INTERP)
-            if not PIPE:
-                la = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
-                                  tl.minimum(kg + step, KG - 1), FMT, NT, TWO, INTERP)
+                lb = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2, tl.minimum(kg + NW, KG - 1),
+                                  FMT, NT, TWO, INTERP)
+            for it in range(0, tl.cdiv(KG, step)):
+                ca = la
+                cb = lb
+                ok_a = kg < KG
+                ok_b = kg + NW < KG
+                if PIPE:
+                    la = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
+                                      tl.minimum(kg + step, KG - 1), FMT, NT, TWO, INTERP)
+                    if DEPTH == 2:
+                        lb = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
+                                          tl.minimum(kg + step + NW, KG - 1), FMT, NT, TWO, INTERP)
+                acc0, acc1 = _group_compute(acc0, acc1, ca, ok_a, FMT, NT, NW, TWO, EVEN_K, INTERP)
                 if DEPTH == 2:
-                    lb = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
-                                      tl.minimum(kg + step + NW, KG - 1), FMT, NT, TWO, INTERP)
-            kg += step
-        g = tl.load(g_ptr + e) * g_mult
-        # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
-        l32 = tl.arange(0, 32)
-        for j in tl.static_range(4 * NT):
-            v0 = _warp_sum(acc0[j], NW) * g
-            rr = l32 // 4 + 8 * ((j // 2) % 2)
-            slot = mb * BM + 8 * (j // 4) + 2 * (l32 % 4) + (j % 2)
-            sidj = tl.load(sorted_ids_ptr + slot)
-            okj = sidj < num_valid
-            if GATED:
-                gate = v0
-                up = _warp_sum(acc1[j], NW) * g
-                if HAS_LIMIT:
-                    gate = tl.minimum(gate, swiglu_limit)
-                    up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
-                h = gate / (1.0 + tl.exp(-gate)) * up
-                tl.store(out_ptr + slot.to(tl.int64) * stride_om + tile0 * 16 + rr, _to_bf16(h, INTERP), mask=okj)
-            else:
-                tw = tl.load(tw_ptr + sidj, mask=okj, other=0.0)
-                o_row = out_ptr + sidj.to(tl.int64) * stride_om
-                tl.store(o_row + tile0 * 16 + rr, v0 * tw, mask=okj)
+                    acc0, acc1 = _group_compute(acc0, acc1, cb, ok_b, FMT, NT, NW, TWO, EVEN_K, INTERP)
+                if not PIPE:
+                    la = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
+                                      tl.minimum(kg + step, KG - 1), FMT, NT, TWO, INTERP)
+                    if DEPTH == 2:
+                        lb = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
+                                          tl.minimum(kg + step + NW, KG - 1), FMT, NT, TWO, INTERP)
+                kg += step
+            g = tl.load(g_ptr + e) * g_mult
+            # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
+            if DIRECT and not GATED:
+                # column 0 is the token; rows gi (j = 0) and gi + 8 (j = 2)
+                g = g * tl.load(tw_ptr + mb)
+                tot00 += _warp_sum(acc0[0], NW) * g
+                tot02 += _warp_sum(acc0[2], NW) * g
                 if RT == 2:
-                    tl.store(o_row + tile1 * 16 + rr, _warp_sum(acc1[j], NW) * g * tw, mask=okj)
+                    tot10 += _warp_sum(acc1[0], NW) * g
+                    tot12 += _warp_sum(acc1[2], NW) * g
+            for j in tl.static_range(0 if DIRECT and not GATED else 4 * NT):
+                v0 = _warp_sum(acc0[j], NW) * g
+                rr = l32 // 4 + 8 * ((j // 2) % 2)
+                slot = mb * BM + 8 * (j // 4) + 2 * (l32 % 4) + (j % 2)
+                if DIRECT:  # block mb holds slot mb in column 0 only
+                    okj = slot == mb * BM
+                    sidj = tl.where(okj, mb, 0)
+                else:
+                    sidj = tl.load(sorted_ids_ptr + slot)
+                    okj = sidj < num_valid
+                if GATED:
+                    gate = v0
+                    up = _warp_sum(acc1[j], NW) * g
+                    if HAS_LIMIT:
+                        gate = tl.minimum(gate, swiglu_limit)
+                        up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
+                    h = gate / (1.0 + tl.exp(-gate)) * up
+                    tl.store(out_ptr + slot.to(tl.int64) * stride_om + tile0 * 16 + rr, _to_bf16(h, INTERP), mask=okj)
+                else:
+                    tw = tl.load(tw_ptr + sidj, mask=okj, other=0.0)
+                    o_row = out_ptr + sidj.to(tl.int64) * stride_om
+                    tl.store(o_row + tile0 * 16 + rr, v0 * tw, mask=okj)
+                    if RT == 2:
+                        tl.store(o_row + tile1 * 16 + rr, _warp_sum(acc1[j], NW) * g * tw, mask=okj)
+    if DIRECT and not GATED:
+        # the token's output row, the routed scaling factor applied here once
+        # (slots routed elsewhere leave zeros)
+        col0 = l32 % 4 == 0
+        rr = l32 // 4
+        tl.store(out_ptr + tile0 * 16 + rr, _to_bf16(tot00 * rsf, INTERP), mask=col0)
+        tl.store(out_ptr + tile0 * 16 + 8 + rr, _to_bf16(tot02 * rsf, INTERP), mask=col0)
+        if RT == 2:
+            tl.store(out_ptr + tile1 * 16 + rr, _to_bf16(tot10 * rsf, INTERP), mask=col0)
+            tl.store(out_ptr + tile1 * 16 + 8 + rr, _to_bf16(tot12 * rsf, INTERP), mask=col0)
 
 
 # --------------------------------------------------------------------------
 # Host side
 # --------------------------------------------------------------------------
 
-def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid):
+def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
+               rsf=1.0, direct=False):
+    """One GEMM launch. align: moe_align's (sorted ids, expert ids, count);
+    direct: one token, align = (its top-k ids,) * 3 (see the kernel's DIRECT)."""
     sorted_ids, expert_ids, _ = align
     E, RT, KG = Wf.shape[:3]
     assert cfg.get("kernel") == "frag", f"packed weights need a fragment-kernel config, not {cfg}"
@@ -571,16 +619,20 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     nt, nw = cfg["NT"], cfg["num_warps"]
     rt = 1 if gated else cfg.get("RT", 1)
     assert (n_out // 16) % rt == 0
-    grid = (n_out // 16 // rt, max(1, min(expert_ids.shape[0], E, num_valid)))
+    if direct:
+        assert nt == 1
+        grid = (n_out // 16 // rt, top_k if gated else 1)
+    else:
+        grid = (n_out // 16 // rt, max(1, min(expert_ids.shape[0], E, num_valid)))
     _moe_frag_kernel[grid](
         x, Wf, s, g, out, tw, sorted_ids, expert_ids, align[2],
         num_valid, top_k, KG,
         x.stride(0) // 2, Wf.stride(0), Wf.stride(1), s.stride(0), s.stride(1), out.stride(0),
         (RT // 2) if gated else 0, 128.0 if (fmt == "nvfp4" and not _interpreting()) else 1.0,
-        float(swiglu_limit or 0.0),
+        float(swiglu_limit or 0.0), float(rsf), E,
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
         NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=cfg.get("depth", 1), EVEN_K=KG % (nw * cfg.get("depth", 1)) == 0,
-        INTERP=_interpreting(),
+        INTERP=_interpreting(), DIRECT=direct,
         num_warps=nw, num_stages=1,
     )
 
@@ -590,7 +642,8 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
                          out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """fused_moe_w4a16 for fragment-packed weights (make_weights packs them);
     config: {"gate_up": cfg, "down": cfg} with kernel "frag", NT, num_warps,
-    pipe and (down) RT, as in configs/*.json."""
+    pipe and (down) RT, as in configs/*.json; "direct": False turns off the
+    two-launch path for one token (on by default)."""
     from .configs import get_config
 
     assert weights.packed
@@ -606,9 +659,21 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
         x = x.clone()
     topk_ids = topk_ids.to(torch.int32).contiguous()
     topk_weights = topk_weights.float().contiguous()
+    num_valid = T * k
+    if T == 1 and bm == 8 and cfg.get("direct", True):
+        # one token: each top-k slot is its own block (no alignment launch) and
+        # the down GEMM sums the slots itself (no combine launch)
+        ids = (topk_ids,) * 3
+        inter = torch.empty((k * bm, I), dtype=torch.bfloat16, device=x.device)
+        _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, ids, k, I, weights.fmt,
+                   cfg["gate_up"], True, False, swiglu_limit, num_valid, direct=True)
+        if out is None:
+            out = torch.empty((T, H), dtype=torch.bfloat16, device=x.device)
+        _frag_gemm(inter, weights.w2, weights.s2, weights.g2, out, topk_weights, ids, k, H, weights.fmt,
+                   cfg["down"], False, True, None, num_valid, rsf=routed_scaling_factor, direct=True)
+        return out
     align = routing.moe_align(topk_ids, E, bm)
     inter = torch.empty((align[0].shape[0], I), dtype=torch.bfloat16, device=x.device)
-    num_valid = T * k
     _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, align, k, I, weights.fmt,
                cfg["gate_up"], True, False, swiglu_limit, num_valid)
     buf = torch.empty((num_valid, H), dtype=torch.float32, device=x.device)
