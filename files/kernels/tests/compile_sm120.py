@@ -69,11 +69,11 @@ def _gemm_variants():
                                  HAS_LIMIT=bool(model.swiglu_limit) and gated, NT=c["NT"], NW=c["num_warps"],
                                  RT=1 if gated else c.get("RT", 1), PIPE=c["pipe"], DEPTH=c.get("depth", 1),
                                  EVEN_K=k_words % (c["num_warps"] * c.get("depth", 1)) == 0, INTERP=False,
-                                 DIRECT=False)
+                                 DIRECT=False, KP=1)
                     yield f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig, const, c["num_warps"], 1
                     if bucket == "1" and c["NT"] == 1:  # one token: the two-launch path (bf16 output)
                         yield (f"{fname}:{fmt}:{bucket}:{kernel}:direct", F._moe_frag_kernel,
-                               dict(sig, out_ptr=ptr["bf16"]), dict(const, DIRECT=True), c["num_warps"], 1)
+                               dict(sig, out_ptr=ptr["bf16"]), dict(const, DIRECT=True, KP=8), c["num_warps"], 1)
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:
         fmt = model.fmt

@@ -446,7 +446,7 @@ def _moe_frag_kernel(
     up_tiles, g_mult, swiglu_limit, rsf, num_experts,
     FMT: tl.constexpr, GATED: tl.constexpr, X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr,
     NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
-    EVEN_K: tl.constexpr, INTERP: tl.constexpr, DIRECT: tl.constexpr = False,
+    EVEN_K: tl.constexpr, INTERP: tl.constexpr, DIRECT: tl.constexpr = False, KP: tl.constexpr = 1,
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -457,8 +457,8 @@ def _moe_frag_kernel(
     fused_moe_w4a16's kernels.
 
     DIRECT (one token, NT 1; no alignment launch): block mb is the token's
-    top-k slot mb (expert_ids_ptr = the token's top-k ids; slots routed
-    elsewhere are skipped). GATED writes row 8 mb of out. The down GEMM
+    top-k slot mb (expert_ids_ptr = the token's top-k ids, read at once as a
+    KP-wide vector; slots routed elsewhere are skipped). GATED writes row 8 mb of out. The down GEMM
     (grid axis 1 of size 1) walks every slot and sums its rows times the
     top-k weight in registers, then writes the token's bf16 output times rsf:
     the combine without its launch."""
@@ -477,6 +477,10 @@ def _moe_frag_kernel(
         tile1 = tile0 + 1
     if DIRECT:
         nblk = top_k
+        # the token's ids and weights in one load each, not one dependent load per slot
+        kidx = tl.arange(0, KP)
+        ids_vec = tl.load(expert_ids_ptr + kidx, mask=kidx < top_k, other=-1)
+        tw_vec = tl.load(tw_ptr + kidx, mask=kidx < top_k, other=0.0)
     else:
         nblk = tl.load(num_post_ptr) // BM
     x32 = x_ptr.to(tl.pointer_type(tl.int32))
@@ -489,7 +493,7 @@ def _moe_frag_kernel(
     tot12 = tl.zeros((32,), tl.float32)
     for mb in range(tl.program_id(1), nblk, tl.num_programs(1)):
         if DIRECT:
-            e_id = tl.load(expert_ids_ptr + mb)
+            e_id = tl.sum(tl.where(kidx == mb, ids_vec, 0))
             live = (e_id >= 0) & (e_id < num_experts)
             e = tl.where(live, e_id, 0).to(tl.int64)
             sid = tl.where(gi == 0, mb, num_valid)
@@ -561,7 +565,7 @@ def _moe_frag_kernel(
             # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
             if DIRECT and not GATED:
                 # column 0 is the token; rows gi (j = 0) and gi + 8 (j = 2)
-                g = g * tl.load(tw_ptr + mb)
+                g = g * tl.sum(tl.where(kidx == mb, tw_vec, 0.0))
                 tot00 += _warp_sum(acc0[0], NW) * g
                 tot02 += _warp_sum(acc0[2], NW) * g
                 if RT == 2:
@@ -620,8 +624,10 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     rt = 1 if gated else cfg.get("RT", 1)
     assert (n_out // 16) % rt == 0
     if direct:
+        # gate/up: the slots split over direct_split programs per row tile
+        # (each walks its share); down: one program per row tile walks all
         assert nt == 1
-        grid = (n_out // 16 // rt, top_k if gated else 1)
+        grid = (n_out // 16 // rt, min(top_k, cfg.get("direct_split", top_k)) if gated else 1)
     else:
         grid = (n_out // 16 // rt, max(1, min(expert_ids.shape[0], E, num_valid)))
     _moe_frag_kernel[grid](
@@ -632,7 +638,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         float(swiglu_limit or 0.0), float(rsf), E,
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
         NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=cfg.get("depth", 1), EVEN_K=KG % (nw * cfg.get("depth", 1)) == 0,
-        INTERP=_interpreting(), DIRECT=direct,
+        INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
         num_warps=nw, num_stages=1,
     )
 
@@ -642,7 +648,8 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
                          out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """fused_moe_w4a16 for fragment-packed weights (make_weights packs them);
     config: {"gate_up": cfg, "down": cfg} with kernel "frag", NT, num_warps,
-    pipe and (down) RT, as in configs/*.json; "direct": False turns off the
+    pipe and (down) RT, as in configs/*.json (gate_up "direct_split": programs
+    per row tile that share one token's slots); "direct": False turns off the
     two-launch path for one token (on by default)."""
     from .configs import get_config
 

@@ -334,14 +334,6 @@ def _mhc_row_mix(
 
 
 @triton.jit
-def _ld_acquire(p):
-    """A gpu-scope acquire load: the barrier's waiting programs poll with it
-    rather than with atomics, which the L2 serialises with the arrivals."""
-    return tl.inline_asm_elementwise(asm="ld.acquire.gpu.global.b32 $0, [$1];", constraints="=r,l",
-                                     args=[p], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _gemm_tile(r, fn_ptr, cols, D, stride_fn, acc, sq,
                HC: tl.constexpr, MIX: tl.constexpr, MIXP: tl.constexpr, BD: tl.constexpr, DOT_BF16: tl.constexpr):
     """acc += r [BM, HC, BD] (bf16-exact fp32) x the fn^T tile of columns cols;
@@ -391,7 +383,7 @@ def _mhc_pre_fused_kernel(
     scale_ptr,  # [3] fp32
     base_ptr,  # [MIX] fp32
     red_ptr,  # workspace [2, RED_ROWS, MIXP] fp32: mixes (+ sum of squares in column MIX), zero at rest
-    sync_ptr,  # workspace [64] int32: arrivals at 0, generation at 32 (its parity picks the buffer)
+    sync_ptr,  # workspace [2] int32: arrivals, generation (its parity picks the buffer)
     outs,  # (y [n, D] bf16, contiguous; post [n, HC] fp32; comb [n, HC, HC] fp32): _pre_outputs
     mix_args,  # (1 / (HC * D), rms_eps, hc_eps, post_mult): _pre_outputs
     n,
@@ -438,11 +430,11 @@ def _mhc_pre_fused_kernel(
     mix = tl.arange(0, MIXP)
     col0 = kj * CW
     cnt = sync_ptr
-    gen = sync_ptr + 32  # another 128-byte line: polls do not queue behind the arrivals
+    gen = sync_ptr + 1
     RSZ: tl.constexpr = RED_ROWS * MIXP
     RED: tl.constexpr = RMAX * RSZ
     if PHASE == 3:
-        g0 = _ld_acquire(gen)
+        g0 = tl.atomic_add(gen, 0, sem="acquire")
         cur = g0 & 1
     else:
         cur = 0
@@ -491,9 +483,9 @@ def _mhc_pre_fused_kernel(
             tl.atomic_xchg(cnt, 0, sem="relaxed")
             tl.atomic_add(gen, 1, sem="release")
         else:
-            g = _ld_acquire(gen)
+            g = tl.atomic_add(gen, 0, sem="acquire")
             while g == g0:
-                g = _ld_acquire(gen)
+                g = tl.atomic_add(gen, 0, sem="acquire")
         tl.debug_barrier()
 
     if PHASE >= 2:
@@ -664,7 +656,7 @@ def _workspace(device):
     ws = _WORKSPACE.get(key)
     if ws is None:
         red = torch.zeros(2 * _RED_REPLICAS * _RED_ROWS * 32, dtype=torch.float32, device=device)
-        sync = torch.zeros(64, dtype=torch.int32, device=device)
+        sync = torch.zeros(2, dtype=torch.int32, device=device)
         ws = _WORKSPACE[key] = (red, sync)
     return ws
 
@@ -713,7 +705,7 @@ def _pre_fused(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, iters, post_mul
     dev = residual.device
     if interp:
         red = torch.zeros(2 * _RED_REPLICAS * _RED_ROWS * mixp, dtype=torch.float32, device=dev)
-        sync = torch.zeros(64, dtype=torch.int32, device=dev)
+        sync = torch.zeros(2, dtype=torch.int32, device=dev)
     else:
         red, sync = _workspace(dev)
     if fn.dtype != torch.float32 or fn.stride(-1) != 1:
