@@ -69,19 +69,11 @@ def _gemm_variants():
                                  HAS_LIMIT=bool(model.swiglu_limit) and gated, NT=c["NT"], NW=c["num_warps"],
                                  RT=1 if gated else c.get("RT", 1), PIPE=c["pipe"], DEPTH=c.get("depth", 1),
                                  EVEN_K=k_words % (c["num_warps"] * c.get("depth", 1)) == 0, INTERP=False,
-                                 DIRECT=False, KP=1, KS=1, part_ptr=None, cnt_ptr=None)
+                                 DIRECT=False, KP=1)
                     yield f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig, const, c["num_warps"], 1
                     if bucket == "1" and c["NT"] == 1:  # one token: the two-launch path (bf16 output)
                         yield (f"{fname}:{fmt}:{bucket}:{kernel}:direct", F._moe_frag_kernel,
                                dict(sig, out_ptr=ptr["bf16"]), dict(const, DIRECT=True, KP=8), c["num_warps"], 1)
-                        ks = c.get("split_k", 1)
-                        if gated and ks > 1:  # K split over programs: partial rows and counts
-                            yield (f"{fname}:{fmt}:{bucket}:{kernel}:direct:split_k{ks}", F._moe_frag_kernel,
-                                   dict(sig, part_ptr=ptr["f32"], cnt_ptr=ptr["i32"]),
-                                   {k: v for k, v in const.items() if not k.endswith("_ptr")} | {
-                                       "DIRECT": True, "KP": 8, "KS": ks,
-                                       "EVEN_K": k_words // ks % (c["num_warps"] * c.get("depth", 1)) == 0},
-                                   c["num_warps"], 1)
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:
         fmt = model.fmt

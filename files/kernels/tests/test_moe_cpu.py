@@ -58,27 +58,24 @@ def test_moe_matches_reference(interpret, fmt, kn, T, family):
         assert torch.count_nonzero(out[1]) == 0
 
 
-@pytest.mark.parametrize("fmt,kn,rt,split,split_k,ids", [
-    ("nvfp4", False, 2, 3, 1, [0, -1, 2]),  # a slot routed to another rank between two local ones
-    ("int4", True, 1, 2, 2, [2, 9, 1]),  # 9: out of range; two gate/up programs share the 3 slots; K in 2
-    ("nvfp4", False, 1, 1, 1, [-1, -1, -1]),  # nothing local: zeros
-    ("nvfp4", False, 1, 1, 2, [1, 3, 0]),  # every slot local, one gate/up program walks them; K in 2
+@pytest.mark.parametrize("fmt,kn,rt,split,ids", [
+    ("nvfp4", False, 2, 3, [0, -1, 2]),  # a slot routed to another rank between two local ones
+    ("int4", True, 1, 2, [2, 9, 1]),  # 9: out of range; two gate/up programs share the 3 slots
+    ("nvfp4", False, 1, 1, [-1, -1, -1]),  # nothing local: zeros
+    ("nvfp4", False, 1, 1, [1, 3, 0]),  # every slot local, one gate/up program walks them
 ])
-def test_one_token_direct_path(interpret, monkeypatch, fmt, kn, rt, split, split_k, ids):
+def test_one_token_direct_path(interpret, monkeypatch, fmt, kn, rt, split, ids):
     """One token: two launches (each slot its own block, the down GEMM sums the
     slots and applies rsf) against the reference and the aligned path."""
     aligned_calls = []
     align = F.routing.moe_align
     monkeypatch.setattr(F.routing, "moe_align", lambda *a: aligned_calls.append(a) or align(*a))
     E, H, I = 4, 128, 64
-    cfg = {"gate_up": dict(CFG_FRAG["gate_up"], direct_split=split, split_k=split_k),
-           "down": dict(CFG_FRAG["down"], RT=rt)}
+    cfg = {"gate_up": dict(CFG_FRAG["gate_up"], direct_split=split), "down": dict(CFG_FRAG["down"], RT=rt)}
     ids = torch.tensor([ids], dtype=torch.int32)
     limit = 0.5 if fmt == "nvfp4" else None
     out, ref, (x, W, tw) = _run(fmt, 1, E, H, I, ids, rsf=1.5, kn=kn, seed=5, cfg=cfg, limit=limit)
     assert not aligned_calls, "one token takes the path without the alignment launch"
-    if split_k > 1:  # the split-K counts are back at zero after the call
-        assert not F._split_k_workspace(x.device, 0, 0)[1].any()
     aligned = M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=dict(cfg, direct=False),
                                 swiglu_limit=limit)
     assert len(aligned_calls) == 1

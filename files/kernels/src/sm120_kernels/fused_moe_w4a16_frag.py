@@ -438,33 +438,6 @@ def _warp_sum(v, NW: tl.constexpr):
 
 
 @triton.jit
-def _split_k_finish(part_ptr, cnt_ptr, out_ptr, mb, tile0, stride_om, swiglu_limit,
-                    KS: tl.constexpr, HAS_LIMIT: tl.constexpr, BM: tl.constexpr, INTERP: tl.constexpr):
-    """Count this program in for (slot mb, row tile); the last of the KS sums
-    the partial gate/up rows, applies the SiLU, writes the bf16 row and resets
-    the count."""
-    if not INTERP:  # this thread's partial stores visible at gpu scope before the count
-        tl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-    tl.debug_barrier()
-    idx = mb * tl.num_programs(0) + tile0
-    arrived = tl.atomic_add(cnt_ptr + idx, 1, sem="acq_rel", scope="gpu")
-    if arrived == KS - 1:
-        r16 = tl.arange(0, 16)
-        base = part_ptr + idx * KS * 32
-        gate = tl.zeros((16,), tl.float32)
-        up = tl.zeros((16,), tl.float32)
-        for ks in tl.static_range(KS):
-            gate += tl.load(base + ks * 32 + r16, cache_modifier=".cg")
-            up += tl.load(base + ks * 32 + 16 + r16, cache_modifier=".cg")
-        if HAS_LIMIT:
-            gate = tl.minimum(gate, swiglu_limit)
-            up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
-        h = gate / (1.0 + tl.exp(-gate)) * up
-        tl.store(out_ptr + mb * BM * stride_om + tile0 * 16 + r16, _to_bf16(h, INTERP))
-        tl.atomic_xchg(cnt_ptr + idx, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
 def _moe_frag_kernel(
     x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
@@ -474,7 +447,6 @@ def _moe_frag_kernel(
     FMT: tl.constexpr, GATED: tl.constexpr, X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr,
     NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
     EVEN_K: tl.constexpr, INTERP: tl.constexpr, DIRECT: tl.constexpr = False, KP: tl.constexpr = 1,
-    KS: tl.constexpr = 1, part_ptr=None, cnt_ptr=None,
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -489,12 +461,7 @@ def _moe_frag_kernel(
     KP-wide vector; slots routed elsewhere are skipped). GATED writes row 8 mb of out. The down GEMM
     (grid axis 1 of size 1) walks every slot and sums its rows times the
     top-k weight in registers, then writes the token's bf16 output times rsf:
-    the combine without its launch.
-
-    KS > 1 (DIRECT, GATED): K is split over grid axis 2. Each program writes
-    its partial gate and up rows (fp32) to part_ptr and counts itself in at
-    cnt_ptr[slot, row tile]; the last of the KS sums the partials, applies the
-    SiLU and writes the row, and sets the count back to 0 (zero at rest)."""
+    the combine without its launch."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
     t = tl.arange(0, 32 * NW)
@@ -560,14 +527,6 @@ def _moe_frag_kernel(
                 sq = tq // 2  # group of 32: 2 kg + q // 2
             sp0 = s_ptr + e * stride_se + (tile0 * 16 + gi).to(tl.int64) * stride_sn + sq
             sp1 = s_ptr + e * stride_se + (tile1 * 16 + gi).to(tl.int64) * stride_sn + sq
-            if KS > 1:  # this program's K groups: [ks KG, ks KG + KG), KG = the split's share
-                k0 = tl.program_id(2) * KG
-                wp0 += k0 * 128
-                wp1 += k0 * 128
-                sp0 += k0 * (4 if FMT == 0 else 2)
-                sp1 += k0 * (4 if FMT == 0 else 2)
-                xb += k0 * 32
-                xb2 = xb
             acc0 = _zeros(32 * NW, NT)
             acc1 = acc0
             # software pipeline: the next step's words, scales and activations
@@ -622,12 +581,7 @@ def _moe_frag_kernel(
                 else:
                     sidj = tl.load(sorted_ids_ptr + slot)
                     okj = sidj < num_valid
-                if GATED and KS > 1:
-                    if j % 2 == 0 and j < 4:  # column 0: rows gi (j 0) and gi + 8 (j 2)
-                        pp = part_ptr + ((mb * tl.num_programs(0) + tile0) * KS + tl.program_id(2)) * 32
-                        tl.store(pp + rr, v0, mask=okj)
-                        tl.store(pp + 16 + rr, _warp_sum(acc1[j], NW) * g, mask=okj)
-                elif GATED:
+                if GATED:
                     gate = v0
                     up = _warp_sum(acc1[j], NW) * g
                     if HAS_LIMIT:
@@ -641,9 +595,6 @@ def _moe_frag_kernel(
                     tl.store(o_row + tile0 * 16 + rr, v0 * tw, mask=okj)
                     if RT == 2:
                         tl.store(o_row + tile1 * 16 + rr, _warp_sum(acc1[j], NW) * g * tw, mask=okj)
-            if GATED and KS > 1:
-                _split_k_finish(part_ptr, cnt_ptr, out_ptr, mb, tile0, stride_om, swiglu_limit,
-                                KS, HAS_LIMIT, BM, INTERP)
     if DIRECT and not GATED:
         # the token's output row, the routed scaling factor applied here once
         # (slots routed elsewhere leave zeros)
@@ -660,22 +611,6 @@ def _moe_frag_kernel(
 # Host side
 # --------------------------------------------------------------------------
 
-_SPLIT_K_WORKSPACE: dict = {}
-
-
-def _split_k_workspace(device, n_part: int, n_cnt: int):
-    """Partial rows and arrival counts of the one-token split-K gate/up GEMM,
-    per device, kept for the life of the process (CUDA graphs hold their
-    addresses) and grown when a larger layer needs more; counts are zero at
-    rest. Calls on one device must not run concurrently on two streams."""
-    key = str(device)
-    ws = _SPLIT_K_WORKSPACE.get(key)
-    if ws is None or ws[0].numel() < n_part or ws[1].numel() < n_cnt:
-        ws = _SPLIT_K_WORKSPACE[key] = (torch.empty(n_part, dtype=torch.float32, device=device),
-                                        torch.zeros(n_cnt, dtype=torch.int32, device=device))
-    return ws
-
-
 def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
                rsf=1.0, direct=False):
     """One GEMM launch. align: moe_align's (sorted ids, expert ids, count);
@@ -688,29 +623,22 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     nt, nw = cfg["NT"], cfg["num_warps"]
     rt = 1 if gated else cfg.get("RT", 1)
     assert (n_out // 16) % rt == 0
-    ks, part, cnt = 1, None, None
     if direct:
         # gate/up: the slots split over direct_split programs per row tile
-        # (each walks its share), K over split_k; down: one program per row
-        # tile walks all slots
+        # (each walks its share); down: one program per row tile walks all
         assert nt == 1
-        if gated and cfg.get("split_k", 1) > 1 and KG % cfg["split_k"] == 0:
-            ks = cfg["split_k"]
-            part, cnt = _split_k_workspace(x.device, top_k * (n_out // 16) * ks * 32, top_k * (n_out // 16))
-        grid = (n_out // 16 // rt, min(top_k, cfg.get("direct_split", top_k)) if gated else 1, ks)
+        grid = (n_out // 16 // rt, min(top_k, cfg.get("direct_split", top_k)) if gated else 1)
     else:
         grid = (n_out // 16 // rt, max(1, min(expert_ids.shape[0], E, num_valid)))
-    kg = KG // ks
     _moe_frag_kernel[grid](
         x, Wf, s, g, out, tw, sorted_ids, expert_ids, align[2],
-        num_valid, top_k, kg,
+        num_valid, top_k, KG,
         x.stride(0) // 2, Wf.stride(0), Wf.stride(1), s.stride(0), s.stride(1), out.stride(0),
         (RT // 2) if gated else 0, 128.0 if (fmt == "nvfp4" and not _interpreting()) else 1.0,
         float(swiglu_limit or 0.0), float(rsf), E,
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
-        NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=cfg.get("depth", 1), EVEN_K=kg % (nw * cfg.get("depth", 1)) == 0,
+        NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=cfg.get("depth", 1), EVEN_K=KG % (nw * cfg.get("depth", 1)) == 0,
         INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
-        KS=ks, part_ptr=part, cnt_ptr=cnt,
         num_warps=nw, num_stages=1,
     )
 
@@ -720,10 +648,9 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
                          out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """fused_moe_w4a16 for fragment-packed weights (make_weights packs them);
     config: {"gate_up": cfg, "down": cfg} with kernel "frag", NT, num_warps,
-    pipe and (down) RT, as in configs/*.json (one token's gate/up: "direct_split",
-    programs per row tile that share the token's slots, "split_k", programs
-    that share K); "direct": False turns off the two-launch path for one
-    token (on by default)."""
+    pipe and (down) RT, as in configs/*.json (gate_up "direct_split": programs
+    per row tile that share one token's slots); "direct": False turns off the
+    two-launch path for one token (on by default)."""
     from .configs import get_config
 
     assert weights.packed
