@@ -1,7 +1,8 @@
 """One token, A/B on the local GPU: the four-launch path (alignment, gate/up,
 down, combine) and the two-launch path (each top-k slot its own block, the
-combine summed by the down GEMM) with the token's slots split over 1, 2 or k
-gate/up programs per row tile, same launch shapes otherwise; both timings of
+combine summed by the down GEMM) in the shipped shapes (split 0: the grid
+rule) and with the token's slots split over k, 3 or 2 gate/up programs per
+row tile; both timings of
 the bench (single call and in stream), each checked against the reference.
 
     PYTHONPATH=src python3 scripts/moe_direct_ab.py
@@ -22,7 +23,7 @@ def main():
         W = M._model_weights(model, dev)
         kw = dict(routed_scaling_factor=model.routed_scaling_factor, swiglu_limit=model.swiglu_limit)
         shipped = get_config(model.fmt, 1)
-        for direct, split in ((False, 0), (True, model.top_k), (True, 2), (True, 1)):
+        for direct, split in ((False, 0), (True, 0), (True, model.top_k), (True, 3), (True, 2)):
             cfg = dict(shipped, direct=direct)
             if split:
                 cfg["gate_up"] = dict(cfg["gate_up"], direct_split=split)
