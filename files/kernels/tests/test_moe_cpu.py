@@ -87,6 +87,18 @@ def test_one_token_direct_path(interpret, monkeypatch, fmt, kn, rt, split, ids):
     torch.testing.assert_close(out.float(), aligned.float(), rtol=2 ** -7, atol=1e-5)
 
 
+@pytest.mark.parametrize("k,tiles,expect", [
+    (6, 128, 2), (8, 128, 2),  # EP8 (DeepSeek-V4-Flash, Kimi-K2.5): 2 programs per row tile walk the slots
+    (6, 32, 6), (8, 32, 8),  # TP4: every slot local, 32 row tiles: a program per slot
+    (6, 300, 1),  # more row tiles than SMs: one program walks all slots
+])
+def test_direct_split_rule(k, tiles, expect):
+    """The one-token gate/up grid on a 132-SM GPU (the H200 cases measured in
+    scripts/moe_direct_ab.py and scripts/moe_tp_ab.py)."""
+    assert F.direct_split(k, tiles, 132, {}) == expect
+    assert F.direct_split(k, tiles, 132, {"direct_split": 3}) == 3
+
+
 @pytest.mark.parametrize("fmt,family", [("nvfp4", "frag"), ("int4", "frag")])
 def test_swiglu_clamp(interpret, fmt, family):
     E, H, I, T, k = 2, 256, 64, 4, 2

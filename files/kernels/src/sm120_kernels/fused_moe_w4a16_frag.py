@@ -611,6 +611,22 @@ def _moe_frag_kernel(
 # Host side
 # --------------------------------------------------------------------------
 
+def direct_split(top_k: int, tiles: int, sms: int, cfg: dict) -> int:
+    """Programs per gate/up row tile that share one token's top-k slots (each
+    walks its share). One program per slot when those fit in
+    direct_programs_per_sm (2) per SM: under TP every slot is local and there
+    are few row tiles. Else just enough per row tile for one program per SM:
+    under EP most slots are routed to other ranks, and their programs only
+    take block slots. cfg "direct_split" fixes it."""
+    if cfg.get("direct_split"):
+        split = cfg["direct_split"]
+    elif top_k * tiles <= cfg.get("direct_programs_per_sm", 2) * sms:
+        split = top_k
+    else:
+        split = triton.cdiv(sms, tiles)
+    return max(1, min(top_k, split))
+
+
 def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
                rsf=1.0, direct=False):
     """One GEMM launch. align: moe_align's (sorted ids, expert ids, count);
@@ -624,20 +640,16 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     rt = 1 if gated else cfg.get("RT", 1)
     assert (n_out // 16) % rt == 0
     if direct:
-        # gate/up: the token's slots shared by `split` programs per row tile
-        # (each walks its share): enough programs for direct_programs_per_sm
-        # per SM, and no more, since the programs of slots routed to other
-        # ranks only take block slots (EP: 128 row tiles, split 3 of 6 on the
-        # H200; TP4: 32 row tiles, one program per slot). Down: one program
-        # per row tile walks all slots.
+        # gate/up: the token's slots shared by direct_split() programs per
+        # row tile; down: one program per row tile walks all slots
         assert nt == 1
         tiles = n_out // 16 // rt
         if gated:
             from .indexer import _num_sms
 
-            per_sm = cfg.get("direct_programs_per_sm", 2)
-            split = min(top_k, cfg.get("direct_split") or triton.cdiv(per_sm * _num_sms(x.device), tiles))
-        grid = (tiles, split if gated else 1)
+            grid = (tiles, direct_split(top_k, tiles, _num_sms(x.device), cfg))
+        else:
+            grid = (tiles, 1)
     else:
         grid = (n_out // 16 // rt, max(1, min(expert_ids.shape[0], E, num_valid)))
     _moe_frag_kernel[grid](
@@ -659,9 +671,9 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
     """fused_moe_w4a16 for fragment-packed weights (make_weights packs them);
     config: {"gate_up": cfg, "down": cfg} with kernel "frag", NT, num_warps,
     pipe and (down) RT, as in configs/*.json (one token's gate/up:
-    "direct_programs_per_sm" sizes the grid, "direct_split" fixes the programs
-    per row tile that share the token's slots); "direct": False turns off the
-    two-launch path for one token (on by default)."""
+    "direct_programs_per_sm" bounds a program per slot, "direct_split" fixes
+    the programs per row tile that share the token's slots); "direct": False
+    turns off the two-launch path for one token (on by default)."""
     from .configs import get_config
 
     assert weights.packed
