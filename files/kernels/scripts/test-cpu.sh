@@ -19,8 +19,17 @@ wheel="$("$py" -c 'import _build_backend as b, sys; print(b.build_wheel(sys.argv
 export SM120_TEST_SITE="$work/site" SM120_TEST_WHEEL="$work/dist/$wheel"
 echo "sm120-kernels: testing $wheel"
 
+# The two tiers run at once (one core each; the interpreter tier is the longer),
+# each into its own log, printed whole when both have ended.
 opts=(-q -p no:cacheprovider -m "not gpu" -o "addopts=" --durations=5)
-echo "== interpreter tier (TRITON_INTERPRET=1)"
-TRITON_INTERPRET=1 "$py" -m pytest "${opts[@]}" tests
-echo "== compiler tier (sm_120 cross-compile, plugin, packaging)"
-env -u TRITON_INTERPRET "$py" -m pytest "${opts[@]}" tests
+TRITON_INTERPRET=1 "$py" -m pytest "${opts[@]}" tests > "$work/interpreter.log" 2>&1 &
+interp=$!
+env -u TRITON_INTERPRET "$py" -m pytest "${opts[@]}" tests > "$work/compiler.log" 2>&1 &
+compiler=$!
+rc_interp=0; wait "$interp" || rc_interp=$?
+rc_compiler=0; wait "$compiler" || rc_compiler=$?
+echo "== interpreter tier (TRITON_INTERPRET=1): exit $rc_interp"
+cat "$work/interpreter.log"
+echo "== compiler tier (sm_120 cross-compile, plugin, packaging): exit $rc_compiler"
+cat "$work/compiler.log"
+[ "$rc_interp" -eq 0 ] && [ "$rc_compiler" -eq 0 ]
