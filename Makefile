@@ -149,8 +149,9 @@ test-site: setup
 	  printf '\n\033[1m==> molecule test -s %s\033[0m\n' "$$s"; \
 	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH molecule test -s $$s || exit 1; done
 
-# The kernel and monitoring tests (one core each) run together while the root
-# filesystems download and unpack (debootstrap mostly waits on the network and the disk);
+# The kernel tests (their interpreter and compiler tiers at once) and the monitoring tests
+# run while the root filesystems download and unpack (debootstrap mostly waits on the
+# network and the disk);
 # then the lab, the roles and the site scenario. (The site scenario beside the role lanes
 # took as long in all: the cores are the limit there.)
 test: test-static test-unit
