@@ -151,9 +151,8 @@ test-site: setup
 
 # The kernel tests (their interpreter and compiler tiers at once) and the monitoring tests
 # run while the root filesystems download and unpack (debootstrap mostly waits on the
-# network and the disk);
-# then the lab, the roles and the site scenario. (The site scenario beside the role lanes
-# took as long in all: the cores are the limit there.)
+# network and the disk); then the lab, the roles and the site scenario. (The site
+# scenario beside the role lanes took as long in all: the cores are the limit there.)
 test: test-static test-unit
 	@$(MAKE) --no-print-directory -j3 --output-sync=target test-kernels test-monitoring rootfs
 	@$(MAKE) --no-print-directory test-lab test-roles test-site
