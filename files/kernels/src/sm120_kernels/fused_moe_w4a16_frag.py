@@ -458,10 +458,10 @@ def _moe_frag_kernel(
 
     DIRECT (one token, NT 1; no alignment launch): block mb is the token's
     top-k slot mb (expert_ids_ptr = the token's top-k ids, read at once as a
-    KP-wide vector; slots routed elsewhere are skipped). GATED writes row 8 mb of out. The down GEMM
-    (grid axis 1 of size 1) walks every slot and sums its rows times the
-    top-k weight in registers, then writes the token's bf16 output times rsf:
-    the combine without its launch."""
+    KP-wide vector; slots routed elsewhere are skipped). GATED writes row
+    8 mb of out. The down GEMM (grid axis 1 of size 1) walks every slot and
+    sums its rows times the top-k weight in registers, then writes the
+    token's bf16 output times rsf: the combine without its launch."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
     t = tl.arange(0, 32 * NW)
@@ -575,9 +575,8 @@ def _moe_frag_kernel(
                 v0 = _warp_sum(acc0[j], NW) * g
                 rr = l32 // 4 + 8 * ((j // 2) % 2)
                 slot = mb * BM + 8 * (j // 4) + 2 * (l32 % 4) + (j % 2)
-                if DIRECT:  # block mb holds slot mb in column 0 only
+                if DIRECT:  # block mb holds slot mb in column 0 only (GATED here)
                     okj = slot == mb * BM
-                    sidj = tl.where(okj, mb, 0)
                 else:
                     sidj = tl.load(sorted_ids_ptr + slot)
                     okj = sidj < num_valid
@@ -639,19 +638,17 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     nt, nw = cfg["NT"], cfg["num_warps"]
     rt = 1 if gated else cfg.get("RT", 1)
     assert (n_out // 16) % rt == 0
-    if direct:
-        # gate/up: the token's slots shared by direct_split() programs per
-        # row tile; down: one program per row tile walks all slots
-        assert nt == 1
-        tiles = n_out // 16 // rt
-        if gated:
-            from .indexer import _num_sms
+    tiles = n_out // 16 // rt
+    if direct and gated:  # the token's slots shared by direct_split() programs per row tile
+        from .indexer import _num_sms
 
-            grid = (tiles, direct_split(top_k, tiles, _num_sms(x.device), cfg))
-        else:
-            grid = (tiles, 1)
+        assert nt == 1
+        grid = (tiles, direct_split(top_k, tiles, _num_sms(x.device), cfg))
+    elif direct:  # down: one program per row tile walks all slots
+        assert nt == 1
+        grid = (tiles, 1)
     else:
-        grid = (n_out // 16 // rt, max(1, min(expert_ids.shape[0], E, num_valid)))
+        grid = (tiles, max(1, min(expert_ids.shape[0], E, num_valid)))
     _moe_frag_kernel[grid](
         x, Wf, s, g, out, tw, sorted_ids, expert_ids, align[2],
         num_valid, top_k, KG,
