@@ -6,16 +6,12 @@ Run without TRITON_INTERPRET. Prints one JSON object per kernel variant.
 
 import json
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 assert os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F, routing as R  # noqa: E402
 from sm120_kernels.models import MODELS  # noqa: E402

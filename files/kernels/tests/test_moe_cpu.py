@@ -101,7 +101,7 @@ def test_direct_split_rule(k, tiles, expect):
 
 @pytest.mark.parametrize("fmt,family", [("nvfp4", "frag"), ("int4", "frag")])
 def test_swiglu_clamp(interpret, fmt, family):
-    E, H, I, T, k = 2, 256, 64, 4, 2
+    E, H, I, T = 2, 256, 64, 4
     ids = torch.tensor([[0, 1]] * T, dtype=torch.int32)
     # inputs scaled up so that gate/up exceed the limit
     out, ref, _ = _run(fmt, T, E, H, I, ids, limit=0.5, scale=8.0, cfg=FAMILY_CFG[family])
