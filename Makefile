@@ -17,6 +17,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # (not installed: the controller runs no Prometheus service).
 PROMETHEUS_DEB_VERSION := 2.42.0+ds-5+deb12u1
 PROMETHEUS_BIN_DIR     := $(CURDIR)/.cache/prometheus-deb/usr/bin
+# for the monitoring tests and the prometheus role's tarball scenario (it packs these)
+export SM120_PROMETHEUS_BIN_DIR := $(PROMETHEUS_BIN_DIR)
 
 # Role scenarios run in alphabetical order; site scenarios (molecule/<name>) after them.
 ROLE_DIRS        = $(sort $(foreach f,$(wildcard roles/*/molecule/*/molecule.yml),roles/$(word 2,$(subst /, ,$(f)))))
@@ -112,7 +114,7 @@ $(PROMETHEUS_BIN_DIR)/promtool: | apt
 
 test-monitoring: sglang-venv prometheus-bin
 	$(call step,monitoring: promtool rule tests; dashboards; metric names in the pinned SGLang and router)
-	@SM120_PROMETHEUS_BIN_DIR=$(PROMETHEUS_BIN_DIR) $(SGLANG_VENV)/bin/python -m pytest -q tests/monitoring
+	@$(SGLANG_VENV)/bin/python -m pytest -q tests/monitoring
 
 test-lab: setup
 	$(call step,lab lifecycle: boot; failed converge; destroy leaves nothing)
@@ -126,7 +128,7 @@ ROLE_JOBS  ?= 2
 ROLE_ORDER := nvidia_driver prometheus cuda_toolkit gpu_exporter preflight node_exporter grafana
 ROLE_NAMES  = $(filter $(notdir $(ROLE_DIRS)),$(ROLE_ORDER)) $(filter-out $(ROLE_ORDER),$(notdir $(ROLE_DIRS)))
 
-test-roles: setup
+test-roles: setup prometheus-bin
 	@$(MAKE) --no-print-directory -j$(ROLE_JOBS) --output-sync=target $(addprefix molecule-role/,$(ROLE_NAMES))
 
 molecule-role/%:
