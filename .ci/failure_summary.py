@@ -28,16 +28,36 @@ def last(pattern, lines, start, stop):
     return next((i for i in range(stop - 1, start - 1, -1) if pattern.search(lines[i])), None)
 
 
+def failure_in(lines, start, stop):
+    """The last failed task (else the last bare error) in lines[start:stop]; make's own
+    error lines do not count."""
+    for pattern in (FAILURE, FALLBACK):
+        at = next((i for i in range(stop - 1, start - 1, -1)
+                   if pattern.search(lines[i]) and not MAKE_FAILED.match(lines[i])), None)
+        if at is not None:
+            return at
+    return None
+
+
 def main(path: str) -> int:
     lines = [BOX.sub("", ANSI.sub("", line.rstrip("\n"))) for line in open(path, errors="replace")]
     anchor = last(STEP_FAILED, lines, 0, len(lines))
-    if anchor is None:
-        anchor = last(MAKE_FAILED, lines, 0, len(lines))
-    anchor = len(lines) - 1 if anchor is None else anchor
-    start = next((i for i in range(anchor, -1, -1) if lines[i].startswith("==> ")), 0)
-    at = last(FAILURE, lines, start, anchor + 1)
-    if at is None:
-        at = last(FALLBACK, lines, start, anchor + 1)
+    if anchor is not None:
+        # the step's banner: above the anchor when the anchor is a lane's own verdict line
+        top = anchor - 1 if lines[anchor].startswith("==> ") else anchor
+        start = next((i for i in range(top, -1, -1) if lines[i].startswith("==> ")), 0)
+        at = failure_in(lines, start, anchor + 1)
+    else:
+        # only make's error: jobs run side by side print whole, so the failed step need
+        # not be the last; take the last step that shows a failure
+        banners = [i for i, line in enumerate(lines) if line.startswith("==> ")] or [0]
+        ends = banners[1:] + [len(lines)]
+        start, at = banners[-1], None
+        for b, e in reversed(list(zip(banners, ends))):
+            at = failure_in(lines, b, e)
+            if at is not None:
+                start = b
+                break
     print("---- CI failure summary ----")
     print(lines[start].strip())
     if at is None:
