@@ -11,21 +11,23 @@ import sys
 assert os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
+from sm120_compile_util import SM120_SHARED_LIMIT, compile_sm120, hottest_loop, opcode_mix  # noqa: E402
 
 from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F, routing as R  # noqa: E402
 from sm120_kernels.models import MODELS  # noqa: E402
 
-TARGET = GPUTarget("cuda", 120, 32)  # noqa: F841 (sm120_compile_util compiles for it)
-SMEM_LIMIT = 101376
 
-
-def compile_one(fn, signature, constexprs, num_warps, num_stages):
-    from sm120_compile_util import compile_sm120
-
+def compile_one(fn, signature, constexprs, num_warps, num_stages, k_loop=False):
+    """Resources of one build; with k_loop, also its hottest loop's length, HMMA
+    count and instruction classes (from the SASS)."""
     sig = {k: v for k, v in signature.items() if v != "constexpr"}
-    r = compile_sm120(fn, sig, constexprs, num_warps, num_stages)
-    return {"shared": r["shared"], "spills": r["spills"], "registers": r["registers"], "stack": r["stack"]}
+    r = compile_sm120(fn, sig, constexprs, num_warps, num_stages, sass=k_loop)
+    res = {"shared": r["shared"], "spills": r["spills"], "registers": r["registers"], "stack": r["stack"]}
+    if k_loop:
+        body = hottest_loop(r["sass"])
+        res.update(loop_instructions=len(body), loop_hmma=sum(op.startswith("HMMA") for _, op, _ in body),
+                   loop_mix=opcode_mix(body))
+    return res
 
 
 def gemm_variants():
@@ -120,7 +122,7 @@ def main():
             continue
         try:
             res = compile_one(fn, sig, const, w, s)
-            res["ok"] = res["shared"] <= SMEM_LIMIT and res["spills"] == 0
+            res["ok"] = res["shared"] <= SM120_SHARED_LIMIT and res["spills"] == 0
         except Exception as exc:  # an OutOfResources or compile error is a failure
             res = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
         res["name"] = name

@@ -65,8 +65,10 @@ def test_bench_plot_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
     from sm120_kernels.bench import plot
 
-    rows = [{"group": "M", "batch": b, "time_us": 10.0 * b, "bound_us": 8.0 * b, "bw_fraction": 0.8,
-             "ref_time_us": 100.0 * b} for b in (1, 8, 32, 64)]
+    rows = [{"group": g, "batch": b, "time_us": 10.0 * b, "bound_us": 8.0 * b, "bw_fraction": 0.8,
+             "ref_time_us": 100.0 * b} for g in ("Kimi-K2.5", "DeepSeek-V4-Flash indexer") for b in (1, 8, 32, 64)]
     path = tmp_path / "b.png"
-    plot(rows, str(path), "cpu", 1e12)
+    titles = plot(rows, str(path), "cpu", 1e12)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # only the MoE panels are one GPU's EP8 share
+    assert titles == ["DeepSeek-V4-Flash indexer", "Kimi-K2.5 MoE, EP8 share"]

@@ -62,13 +62,17 @@ def stream_time_us(calls, min_calls: int = 32, rep_ms: int = 200):
     return ms * 1e3 / reps, reps
 
 
-def plot(rows, path, device_name, bw):
+def plot(rows, path, device_name, bw) -> list[str]:
+    """One panel per case group, written to path; returns the panel titles."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .models import MODELS
+
     groups = sorted({r["group"] for r in rows})
+    moe_groups = {m.name for m in MODELS}  # the MoE cases are grouped by model
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
     for ax, grp in zip(axes[0], groups):
         rs = sorted((r for r in rows if r["group"] == grp), key=lambda r: r["batch"])
@@ -87,12 +91,13 @@ def plot(rows, path, device_name, bw):
         ax.set_yscale("log")
         ax.set_xlabel("batch (tokens)")
         ax.set_ylabel("µs")
-        ax.set_title(f"{grp}, EP8 share")
+        ax.set_title(f"{grp} MoE, EP8 share" if grp in moe_groups else grp)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"sm120_kernels on {device_name} (copy {bw / 1e9:.0f} GB/s; % = in stream)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    return [ax.get_title() for ax in axes[0]]
 
 
 def _tune(case, dev, do_bench):

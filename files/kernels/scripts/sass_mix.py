@@ -1,0 +1,41 @@
+"""Static instruction mix of the fragment kernel's K loop, no GPU needed:
+
+    PYTHONPATH=src:tests python3 scripts/sass_mix.py [NAME_FILTER ...]
+
+Each shipped fragment-kernel variant whose name (as compile_sm120.py names it)
+contains every filter is compiled for sm_120a and for the H200's sm_90a with the
+installed Triton; cuobjdump's SASS gives the hottest loop (the backward branch
+whose body holds the most HMMA). Prints, per variant and target, that loop's
+instructions per HMMA (with NT 1 one HMMA is one packed weight word per lane,
+so this is the issue cost of a word) and its opcode classes. One JSON object per
+line. Where the one-token path is issue-bound (Nsight Compute on the H200), fewer
+instructions per word is what to look for before a GPU round.
+"""
+
+import json
+import sys
+
+from triton.backends.compiler import GPUTarget
+
+import compile_sm120 as C
+from sm120_compile_util import SM120, compile_sm120, hottest_loop, opcode_mix
+
+TARGETS = {"sm_120a": SM120, "sm_90a": GPUTarget("cuda", 90, 32)}
+
+
+def main(filters):
+    for name, fn, sig, const, warps, stages in C.gemm_variants():
+        if "tensor-core" in name or not all(f in name for f in filters):
+            continue
+        for arch, target in TARGETS.items():
+            sig_ = {k: v for k, v in sig.items() if v != "constexpr"}
+            r = compile_sm120(fn, sig_, const, warps, stages, target=target, sass=True)
+            body = hottest_loop(r["sass"])
+            hmma = sum(op.startswith("HMMA") for _, op, _ in body)
+            print(json.dumps({"name": name, "target": arch, "registers": r["registers"], "loop_instructions": len(body),
+                              "hmma": hmma, "per_hmma": round(len(body) / hmma, 2) if hmma else None,
+                              "mix": opcode_mix(body)}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
