@@ -1,8 +1,6 @@
 """GPU tier (lent H200; not CI): every self-test case at the models' real
 shapes, and the inline-asm dequantisation against the plain-Triton one."""
 
-import os
-
 import pytest
 import torch
 

@@ -33,7 +33,6 @@ Each kernel has its fp32 torch reference beside it (``*_ref``).
 from __future__ import annotations
 
 import functools
-import math
 import os
 from typing import Optional
 
