@@ -191,12 +191,33 @@ def _mma_constraints(nt: int) -> str:
     return ",".join(["=f"] * (4 * nt) + ["r"] * (3 + 2 * nt) + ["f"] * (4 * nt))
 
 
+# NVFP4 row scales: the e4m3 bytes of rows g ($2) and g + 8 ($3) -> bf16x2
+# {s * 2**119, s * 2**119} each ($0, $1), exact (0f7B000000 = 2**119).
+_E4M3_PAIRS = """{
+            .reg .b16 h, hx;
+            .reg .b32 p, t;
+            .reg .f16 f0, f1;
+            .reg .f32 x0, x1;
+            shl.b32 t, $3, 8;
+            or.b32 p, $2, t;
+            mov.b32 {h, hx}, p;
+            cvt.rn.f16x2.e4m3x2 p, h;
+            mov.b32 {f0, f1}, p;
+            cvt.f32.f16 x0, f0;
+            cvt.f32.f16 x1, f1;
+            mul.f32 x0, x0, 0f7B000000;
+            mul.f32 x1, x1, 0f7B000000;
+            cvt.rn.bf16x2.f32 $0, x0, x0;
+            cvt.rn.bf16x2.f32 $1, x1, x1;
+            }"""
+
 _ASM_NVFP4_1 = tl.constexpr(_mma_asm("nvfp4", 1))
 _ASM_NVFP4_2 = tl.constexpr(_mma_asm("nvfp4", 2))
 _ASM_INT4_1 = tl.constexpr(_mma_asm("int4", 1))
 _ASM_INT4_2 = tl.constexpr(_mma_asm("int4", 2))
 _MMA_C1 = tl.constexpr(_mma_constraints(1))
 _MMA_C2 = tl.constexpr(_mma_constraints(2))
+_ASM_E4M3_PAIRS = tl.constexpr(_E4M3_PAIRS)
 
 
 @triton.jit
@@ -336,24 +357,8 @@ def _scale_pairs(lo, hi, ok, FMT: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl
         return a, b
     if FMT == 0:
         a, b = tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b16 h, hx;
-            .reg .b32 p, t;
-            .reg .f16 f0, f1;
-            .reg .f32 x0, x1;
-            shl.b32 t, $3, 8;
-            or.b32 p, $2, t;
-            mov.b32 {h, hx}, p;
-            cvt.rn.f16x2.e4m3x2 p, h;
-            mov.b32 {f0, f1}, p;
-            cvt.f32.f16 x0, f0;
-            cvt.f32.f16 x1, f1;
-            mul.f32 x0, x0, 0f7B000000;
-            mul.f32 x1, x1, 0f7B000000;
-            cvt.rn.bf16x2.f32 $0, x0, x0;
-            cvt.rn.bf16x2.f32 $1, x1, x1;
-            }""",
-            constraints="=r,=r,r,r", args=[lo, hi], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+            asm=_ASM_E4M3_PAIRS, constraints="=r,=r,r,r", args=[lo, hi], dtype=(tl.int32, tl.int32), is_pure=True,
+            pack=1)
     else:
         a = lo | (lo << 16)
         b = hi | (hi << 16)

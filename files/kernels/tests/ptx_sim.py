@@ -1,0 +1,227 @@
+"""A small interpreter for the inline PTX with which the fragment kernel
+dequantises its weights: 32-bit logic (mov, and, or, shl, shr, lop3), bf16x2
+fma, and the e4m3 scale conversions. The Triton interpreter cannot run inline
+PTX, so without this the CPU tier never executes those strings; with it, the
+exact text the GPU compiles is run on CPU, value by value, in exact arithmetic
+with round-to-nearest-even, as the PTX ISA defines each instruction.
+
+Registers hold bit patterns as Python ints (32 bits; 16 for .b16/.f16 halves).
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+MASK32 = 0xFFFFFFFF
+
+
+# ---------------------------------------------------------------- number formats
+def _round(v: Fraction, mant_bits: int, min_exp: int) -> Fraction:
+    """v rounded to nearest even with mant_bits fraction bits, subnormals below 2**min_exp."""
+    if v == 0:
+        return Fraction(0)
+    a = abs(v)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** e > a:
+        e -= 1  # now 2**e <= a < 2**(e + 1)
+    ulp = Fraction(2) ** (max(e, min_exp) - mant_bits)
+    q, rem = divmod(a, ulp)
+    if rem * 2 > ulp or (rem * 2 == ulp and q % 2 == 1):
+        q += 1
+    return (q * ulp) * (1 if v > 0 else -1)
+
+
+def _encode(v: Fraction, exp_bits: int, mant_bits: int, negative_zero: bool = False) -> int:
+    """Bits of v, which must be exactly representable (finite, normal or subnormal)."""
+    bias = (1 << (exp_bits - 1)) - 1
+    sign = 1 if (v < 0 or (v == 0 and negative_zero)) else 0
+    a = abs(v)
+    if a == 0:
+        return sign << (exp_bits + mant_bits)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** e > a:
+        e -= 1
+    if e < 1 - bias:  # subnormal
+        m = a / Fraction(2) ** (1 - bias - mant_bits)
+        exp_field = 0
+    else:
+        m = (a / Fraction(2) ** e - 1) * (1 << mant_bits)
+        exp_field = e + bias
+    assert m.denominator == 1 and exp_field < (1 << exp_bits) - 1, f"{v} not representable"
+    return (sign << (exp_bits + mant_bits)) | (exp_field << mant_bits) | int(m)
+
+
+def _decode(bits: int, exp_bits: int, mant_bits: int) -> Fraction:
+    bias = (1 << (exp_bits - 1)) - 1
+    sign = -1 if (bits >> (exp_bits + mant_bits)) & 1 else 1
+    exp_field = (bits >> mant_bits) & ((1 << exp_bits) - 1)
+    m = bits & ((1 << mant_bits) - 1)
+    assert exp_field != (1 << exp_bits) - 1, f"inf or nan: {bits:#x}"
+    if exp_field == 0:
+        return sign * Fraction(m) * Fraction(2) ** (1 - bias - mant_bits)
+    return sign * (1 + Fraction(m, 1 << mant_bits)) * Fraction(2) ** (exp_field - bias)
+
+
+def bf16_value(bits: int) -> Fraction:
+    return _decode(bits & 0xFFFF, 8, 7)
+
+
+def bf16_bits(v: Fraction, negative_zero: bool = False) -> int:
+    return _encode(_round(v, 7, -126), 8, 7, negative_zero)
+
+
+def f16_value(bits: int) -> Fraction:
+    return _decode(bits & 0xFFFF, 5, 10)
+
+
+def f32_value(bits: int) -> Fraction:
+    return _decode(bits & MASK32, 8, 23)
+
+
+def f32_bits(v: Fraction) -> int:
+    return _encode(_round(v, 23, -126), 8, 23)
+
+
+def e4m3_value(byte: int) -> Fraction:
+    """OCP e4m3 (bias 7, no infinities; 0x7F and 0xFF are NaN)."""
+    assert byte & 0x7F != 0x7F, "e4m3 NaN"
+    sign = -1 if byte & 0x80 else 1
+    e, m = (byte >> 3) & 0xF, byte & 7
+    if e == 0:
+        return sign * Fraction(m, 8) * Fraction(2) ** -6
+    return sign * (1 + Fraction(m, 8)) * Fraction(2) ** (e - 7)
+
+
+# ---------------------------------------------------------------- instructions
+def _is_neg_zero_product(a: int, b: int, c: int, va: Fraction, vb: Fraction, vc: Fraction) -> bool:
+    """IEEE sign of an exact zero result of a * b + c (round to nearest): -0 only
+    when the product is -0 and c is -0."""
+    prod_neg = ((a >> 15) ^ (b >> 15)) & 1
+    return va * vb == 0 and vc == 0 and prod_neg == 1 and (c >> 15) & 1 == 1
+
+
+def _fma_bf16(a: int, b: int, c: int) -> int:
+    va, vb, vc = bf16_value(a), bf16_value(b), bf16_value(c)
+    r = va * vb + vc
+    return bf16_bits(r, negative_zero=(r == 0 and _is_neg_zero_product(a, b, c, va, vb, vc)))
+
+
+def _halves(x: int) -> tuple[int, int]:
+    return x & 0xFFFF, (x >> 16) & 0xFFFF
+
+
+def _split_operands(text: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+class PTX:
+    """Runs a straight-line PTX block. `inputs` maps operand tokens (``$2``,
+    ``$W``) to their register bits; after run(), ``regs`` holds every register."""
+
+    OPS = {"mov", "and", "or", "shl", "shr", "lop3", "fma", "cvt", "mul"}
+
+    def __init__(self, asm: str, inputs: dict[str, int]):
+        body = asm.strip()
+        if body.startswith("{") and body.endswith("}"):
+            body = body[1:-1]
+        self.statements = [s.strip() for s in body.split(";") if s.strip()]
+        self.regs: dict[str, int] = dict(inputs)
+
+    def value(self, tok: str) -> int:
+        if tok in self.regs:
+            return self.regs[tok]
+        if re.fullmatch(r"0[fF][0-9a-fA-F]{8}", tok):
+            return int(tok[2:], 16)
+        if re.fullmatch(r"0[xX][0-9a-fA-F]+", tok):
+            return int(tok, 16)
+        if re.fullmatch(r"-?\d+", tok):
+            return int(tok) & MASK32
+        raise KeyError(f"register {tok} read before it was written")
+
+    def run(self) -> "PTX":
+        for st in self.statements:
+            if st.startswith(".reg"):
+                continue
+            opcode, _, rest = st.partition(" ")
+            parts = opcode.split(".")
+            ops = _split_operands(rest)
+            assert parts[0] in self.OPS, f"instruction not modelled: {st}"
+            getattr(self, "_" + parts[0])(parts[1:], ops)
+        return self
+
+    # integer and bit ops (.b32 / .u32)
+    def _mov(self, mods, ops):
+        dst, src = ops
+        if dst.startswith("{"):  # unpack b32 into two 16-bit registers, low first
+            lo, hi = [t.strip() for t in dst.strip("{}").split(",")]
+            self.regs[lo], self.regs[hi] = _halves(self.value(src))
+        elif src.startswith("{"):  # pack two 16-bit registers, low first
+            lo, hi = [t.strip() for t in src.strip("{}").split(",")]
+            self.regs[dst] = (self.value(lo) & 0xFFFF) | ((self.value(hi) & 0xFFFF) << 16)
+        else:
+            self.regs[dst] = self.value(src)
+
+    def _and(self, mods, ops):
+        self.regs[ops[0]] = self.value(ops[1]) & self.value(ops[2])
+
+    def _or(self, mods, ops):
+        self.regs[ops[0]] = self.value(ops[1]) | self.value(ops[2])
+
+    def _shl(self, mods, ops):
+        n = self.value(ops[2])
+        self.regs[ops[0]] = (self.value(ops[1]) << n) & MASK32 if n < 32 else 0
+
+    def _shr(self, mods, ops):
+        assert mods[0] in ("u32", "b32"), f"only logical shifts are modelled: shr.{mods[0]}"
+        n = self.value(ops[2])
+        self.regs[ops[0]] = self.value(ops[1]) >> n if n < 32 else 0
+
+    def _lop3(self, mods, ops):
+        d, a, b, c, lut = ops
+        a, b, c, lut = self.value(a), self.value(b), self.value(c), self.value(lut)
+        r = 0
+        for bit in range(32):
+            idx = (((a >> bit) & 1) << 2) | (((b >> bit) & 1) << 1) | ((c >> bit) & 1)
+            r |= ((lut >> idx) & 1) << bit
+        self.regs[d] = r
+
+    # floating point
+    def _fma(self, mods, ops):
+        assert mods == ["rn", "bf16x2"], f"fma.{'.'.join(mods)} not modelled"
+        d, a, b, c = (self.value(t) if i else t for i, t in enumerate(ops))
+        lo = _fma_bf16(a & 0xFFFF, b & 0xFFFF, c & 0xFFFF)
+        hi = _fma_bf16(a >> 16, b >> 16, c >> 16)
+        self.regs[d] = lo | (hi << 16)
+
+    def _mul(self, mods, ops):
+        assert mods == ["f32"], f"mul.{'.'.join(mods)} not modelled"  # .rn is mul.f32's default
+        self.regs[ops[0]] = f32_bits(f32_value(self.value(ops[1])) * f32_value(self.value(ops[2])))
+
+    def _cvt(self, mods, ops):
+        kind = ".".join(mods)
+        if kind == "rn.f16x2.e4m3x2":  # two e4m3 bytes of a 16-bit register -> f16x2, low byte low
+            src = self.value(ops[1])
+            lo, hi = (_encode(e4m3_value((src >> s) & 0xFF), 5, 10, negative_zero=(src >> s) & 0xFF == 0x80)
+                      for s in (0, 8))
+            self.regs[ops[0]] = lo | (hi << 16)
+        elif kind == "f32.f16":  # exact
+            self.regs[ops[0]] = f32_bits(f16_value(self.value(ops[1])))
+        elif kind == "rn.bf16x2.f32":  # d = {cvt(a) in the upper half, cvt(b) in the lower}
+            a, b = f32_value(self.value(ops[1])), f32_value(self.value(ops[2]))
+            self.regs[ops[0]] = bf16_bits(b) | (bf16_bits(a) << 16)
+        else:
+            raise AssertionError(f"cvt.{kind} not modelled")

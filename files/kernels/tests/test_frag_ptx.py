@@ -1,0 +1,104 @@
+"""The fragment kernel's inline PTX, run on CPU (tests/ptx_sim.py; the Triton
+interpreter cannot run PTX): the dequantisation the GPU compiles puts exactly
+the reference's weight values, at the positions frag_pack assigns, into the A
+registers mma.sync.m16n8k16 reads; the NVFP4 scale conversion is exact for
+every e4m3 byte."""
+
+import os
+import random
+from fractions import Fraction
+
+import pytest
+import torch
+from ptx_sim import PTX, bf16_bits, bf16_value, e4m3_value
+
+from sm120_kernels import fused_moe_w4a16_frag as F
+
+# the simulated text is what compiles; one tier is enough
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="pure Python; runs in the compiler tier")
+
+FP4_MAGNITUDE = [Fraction(v) for v in ("0", "0.5", "1", "1.5", "2", "3", "4", "6")]
+NVFP4_SCALE_SHIFT = Fraction(2) ** 119  # the scale registers carry e4m3 * 2**119 ...
+NVFP4_VALUE_SHIFT = Fraction(2) ** -7  # ... so a dequantised value is code * scale * 2**-7
+
+
+def fp4_value(code: int) -> Fraction:
+    return (-1 if code & 8 else 1) * FP4_MAGNITUDE[code & 7]
+
+
+def rounded_bf16(v: Fraction) -> Fraction:
+    return bf16_value(bf16_bits(v))
+
+
+def dequant_registers(fmt: str, word: int, s_lo: int, s_hi: int) -> list[int]:
+    """a0..a3 of the one-tile MMA asm for one lane, the MMA itself left out."""
+    asm = F._mma_asm(fmt, 1).strip()[1:-1]
+    body = ";".join(st for st in asm.split(";") if not st.strip().startswith("mma.sync"))
+    sim = PTX(body, {"$4": word & 0xFFFFFFFF, "$5": s_lo, "$6": s_hi}).run()
+    return [sim.regs[f"a{r}"] for r in range(4)]
+
+
+def nvfp4_scale_pairs(lo: int, hi: int) -> tuple[int, int]:
+    sim = PTX(F._E4M3_PAIRS, {"$2": lo, "$3": hi}).run()
+    return sim.regs["$0"], sim.regs["$1"]
+
+
+def int4_scale_pair(bits: int) -> int:
+    return bits | (bits << 16)  # _scale_pairs on the GPU: {s, s}
+
+
+def test_e4m3_scale_conversion_is_exact_for_every_byte():
+    bytes_ = [b for b in range(256) if b & 0x7F != 0x7F]  # all but the two NaNs
+    for lo, hi in zip(bytes_, reversed(bytes_)):
+        p_lo, p_hi = nvfp4_scale_pairs(lo, hi)
+        for pair, byte in ((p_lo, lo), (p_hi, hi)):
+            want = e4m3_value(byte) * NVFP4_SCALE_SHIFT
+            assert bf16_value(pair & 0xFFFF) == want and bf16_value(pair >> 16) == want, (hex(byte), hex(pair))
+
+
+def _random_bf16_scale(rng: random.Random) -> int:
+    """A positive bf16 scale (normal, exponent 2**-30 .. 2**3) with a random mantissa."""
+    return ((rng.randint(127 - 30, 127 + 3)) << 7) | rng.randint(0, 127)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "nvfp4"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dequantised_fragment_matches_reference(fmt, seed):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    rows, cols = 16, 64  # one row tile, one K group: 32 lanes x 4 words
+    codes = torch.randint(0, 16, (rows, cols), dtype=torch.int64)
+    words = (codes.view(rows, cols // 8, 8) << torch.arange(0, 32, 4)).sum(-1)
+    words = torch.where(words < 2**31, words, words - 2**32).to(torch.int32)
+    packed = F.frag_pack(words.unsqueeze(0), fmt)[0, 0, 0]  # [lane, word]
+    if fmt == "int4":
+        scale_bits = [_random_bf16_scale(rng) for _ in range(rows)]
+        scale = [bf16_value(b) for b in scale_bits]
+    else:
+        scale_bytes = [rng.randint(0, 0x7E) for _ in range(rows)]
+        scale = [e4m3_value(b) for b in scale_bytes]
+    seen = set()
+    for lane in range(32):
+        g, q = divmod(lane, 4)
+        if fmt == "int4":
+            s_lo, s_hi = int4_scale_pair(scale_bits[g]), int4_scale_pair(scale_bits[g + 8])
+        else:
+            s_lo, s_hi = nvfp4_scale_pairs(scale_bytes[g], scale_bytes[g + 8])
+        for j in range(4):
+            regs = dequant_registers(fmt, int(packed[lane, j]), s_lo, s_hi)
+            for r in range(4):
+                rh, ch = r & 1, r >> 1
+                for half in range(2):
+                    # mma.sync.m16n8k16 A: a_r holds row g + 8 rh, k 2q + 8 ch + half of tile j,
+                    # which frag_pack fills from column 16 q + 4 j + 2 ch + half
+                    row, col = g + 8 * rh, 16 * q + 4 * j + 2 * ch + half
+                    code = int(codes[row, col])
+                    got = bf16_value((regs[r] >> (16 * half)) & 0xFFFF)
+                    if fmt == "int4":
+                        want = rounded_bf16((code - 8) * scale[row])  # rounded once, as the reference
+                    else:
+                        want = fp4_value(code) * scale[row] * NVFP4_VALUE_SHIFT  # exact
+                    assert got == want, (fmt, lane, j, r, half, code, float(got), float(want))
+                    seen.add((row, col))
+    assert len(seen) == rows * cols  # every weight of the tile reached a register once
