@@ -1,9 +1,11 @@
-"""A small interpreter for the inline PTX with which the fragment kernel
-dequantises its weights: 32-bit logic (mov, and, or, shl, shr, lop3), bf16x2
-fma, and the e4m3 scale conversions. The Triton interpreter cannot run inline
-PTX, so without this the CPU tier never executes those strings; with it, the
-exact text the GPU compiles is run on CPU, value by value, in exact arithmetic
-with round-to-nearest-even, as the PTX ISA defines each instruction.
+"""A small interpreter for the inline PTX of the fragment kernel: 32-bit logic
+(mov, and, or, shl, shr, lop3), bf16x2 fma, the e4m3 scale conversions, and
+mma.sync.m16n8k16 (bf16 in, fp32 accumulate) across a warp's 32 lanes. The
+Triton interpreter cannot run inline PTX, so without this the CPU tier never
+executes those strings; with it, the exact text the GPU compiles is run on CPU,
+value by value, in exact arithmetic with round-to-nearest-even, as the PTX ISA
+defines each instruction (the MMA sums exactly, then rounds once: tests give it
+sums that fp32 holds exactly, where every summation order agrees).
 
 Registers hold bit patterns as Python ints (32 bits; 16 for .b16/.f16 halves).
 """
@@ -154,14 +156,17 @@ class PTX:
 
     def run(self) -> "PTX":
         for st in self.statements:
-            if st.startswith(".reg"):
-                continue
-            opcode, _, rest = st.partition(" ")
-            parts = opcode.split(".")
-            ops = _split_operands(rest)
-            assert parts[0] in self.OPS, f"instruction not modelled: {st}"
-            getattr(self, "_" + parts[0])(parts[1:], ops)
+            self.step(st)
         return self
+
+    def step(self, st: str) -> None:
+        if st.startswith(".reg"):
+            return
+        opcode, _, rest = st.partition(" ")
+        parts = opcode.split(".")
+        ops = _split_operands(rest)
+        assert parts[0] in self.OPS, f"instruction not modelled: {st}"
+        getattr(self, "_" + parts[0])(parts[1:], ops)
 
     # integer and bit ops (.b32 / .u32)
     def _mov(self, mods, ops):
@@ -225,3 +230,46 @@ class PTX:
             self.regs[ops[0]] = bf16_bits(b) | (bf16_bits(a) << 16)
         else:
             raise AssertionError(f"cvt.{kind} not modelled")
+
+
+# ---------------------------------------------------------------- a warp
+MMA_BF16 = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+
+
+def _vector(tok: str) -> list[str]:
+    return [t.strip() for t in tok.strip("{}").split(",")]
+
+
+def run_warp(asm: str, lane_inputs: list[dict[str, int]]) -> list[dict[str, int]]:
+    """Run `asm` on 32 lanes in lockstep (inputs per lane); each mma.sync
+    gathers its fragments from all lanes. Returns every lane's registers."""
+    assert len(lane_inputs) == 32
+    lanes = [PTX(asm, inputs) for inputs in lane_inputs]
+    for st in lanes[0].statements:
+        if not st.startswith("mma.sync"):
+            for lane in lanes:
+                lane.step(st)
+            continue
+        opcode, _, rest = st.partition(" ")
+        assert opcode == MMA_BF16, f"mma not modelled: {opcode}"
+        d, a, b, c = (_vector(t) for t in _split_operands(rest))
+        # fragments (PTX ISA, m16n8k16 .bf16): lane = 4 g + q
+        A = [[None] * 16 for _ in range(16)]
+        B = [[None] * 8 for _ in range(16)]
+        C = [[None] * 8 for _ in range(16)]
+        for i, lane in enumerate(lanes):
+            g, q = divmod(i, 4)
+            for r in range(4):  # a_r: row g + 8 (r & 1), k 2q + 8 (r >> 1) + half
+                for half in range(2):
+                    A[g + 8 * (r & 1)][2 * q + 8 * (r >> 1) + half] = bf16_value(lane.value(a[r]) >> (16 * half))
+            for r in range(2):  # b_r: k 2q + 8 r + half, column g
+                for half in range(2):
+                    B[2 * q + 8 * r + half][g] = bf16_value(lane.value(b[r]) >> (16 * half))
+            for r in range(4):  # c_r: row g + 8 (r >> 1), column 2q + (r & 1)
+                C[g + 8 * (r >> 1)][2 * q + (r & 1)] = f32_value(lane.value(c[r]))
+        for i, lane in enumerate(lanes):
+            g, q = divmod(i, 4)
+            for r in range(4):
+                m, n = g + 8 * (r >> 1), 2 * q + (r & 1)
+                lane.regs[d[r]] = f32_bits(sum((A[m][k] * B[k][n] for k in range(16)), C[m][n]))
+    return [lane.regs for lane in lanes]

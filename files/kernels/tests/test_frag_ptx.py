@@ -2,7 +2,8 @@
 interpreter cannot run PTX): the dequantisation the GPU compiles puts exactly
 the reference's weight values, at the positions frag_pack assigns, into the A
 registers mma.sync.m16n8k16 reads; the NVFP4 scale conversion is exact for
-every e4m3 byte."""
+every e4m3 byte; and the whole one-word asm (dequantisation, then one or two
+MMAs with their operands wired) run on a warp over a K group gives W @ x."""
 
 import os
 import random
@@ -10,7 +11,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from ptx_sim import PTX, bf16_bits, bf16_value, e4m3_value
+from ptx_sim import PTX, bf16_bits, bf16_value, e4m3_value, f32_value, run_warp
 
 from sm120_kernels import fused_moe_w4a16_frag as F
 
@@ -102,3 +103,62 @@ def test_dequantised_fragment_matches_reference(fmt, seed):
                     assert got == want, (fmt, lane, j, r, half, code, float(got), float(want))
                     seen.add((row, col))
     assert len(seen) == rows * cols  # every weight of the tile reached a register once
+
+
+def _bf16_pair(lo: Fraction, hi: Fraction) -> int:
+    return bf16_bits(lo) | (bf16_bits(hi) << 16)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "nvfp4"])
+@pytest.mark.parametrize("nt", [1, 2])
+def test_whole_mma_asm_computes_one_k_group(fmt, nt):
+    """The full one-word asm (dequantise, then nt MMAs) over the four words of a
+    K group, run on a warp: the accumulators hold W @ x for 16 rows and 8 nt
+    tokens, with the lane's B registers loaded as the kernel loads them (token
+    pairs 8q + 2j and + 1 of the group, in int32 units). Inputs are chosen so
+    fp32 holds every partial sum exactly, which makes the check exact."""
+    rng = random.Random(7 * nt + (fmt == "nvfp4"))
+    torch.manual_seed(nt)
+    rows, cols, tokens = 16, 64, 8 * nt
+    codes = torch.randint(0, 16, (rows, cols), dtype=torch.int64)
+    words = (codes.view(rows, cols // 8, 8) << torch.arange(0, 32, 4)).sum(-1)
+    words = torch.where(words < 2**31, words, words - 2**32).to(torch.int32)
+    packed = F.frag_pack(words.unsqueeze(0), fmt)[0, 0, 0]
+    x = [[Fraction(rng.randint(-4, 4)) for _ in range(cols)] for _ in range(tokens)]
+    if fmt == "int4":
+        scale_bits = [bf16_bits(Fraction(2) ** -rng.randint(0, 4)) for _ in range(rows)]
+        scale = [bf16_value(b) for b in scale_bits]
+        weight = [[(int(codes[m, k]) - 8) * scale[m] for k in range(cols)] for m in range(rows)]
+    else:
+        scale_bytes = [(rng.randint(5, 9) << 3) | rng.randint(0, 7) for _ in range(rows)]  # 2**-2 .. 2**2
+        scale = [e4m3_value(b) for b in scale_bytes]
+        weight = [[fp4_value(int(codes[m, k])) * scale[m] * NVFP4_VALUE_SHIFT for k in range(cols)]
+                  for m in range(rows)]
+    n_out = 4 * nt
+    acc = [[0] * n_out for _ in range(32)]
+    for j in range(4):
+        inputs = []
+        for lane in range(32):
+            g, q = divmod(lane, 4)
+            if fmt == "int4":
+                s_lo, s_hi = int4_scale_pair(scale_bits[g]), int4_scale_pair(scale_bits[g + 8])
+            else:
+                s_lo, s_hi = nvfp4_scale_pairs(scale_bytes[g], scale_bytes[g + 8])
+            regs = {f"${n_out}": int(packed[lane, j]) & 0xFFFFFFFF, f"${n_out + 1}": s_lo, f"${n_out + 2}": s_hi}
+            for t in range(nt):  # the token of this lane in n8 tile t: 8 t + g
+                row = x[8 * t + g]
+                b0 = 8 * q + 2 * j  # int32 index within the group: bf16 elements 2 b0, 2 b0 + 1
+                regs[f"${n_out + 3 + 2 * t}"] = _bf16_pair(row[2 * b0], row[2 * b0 + 1])
+                regs[f"${n_out + 4 + 2 * t}"] = _bf16_pair(row[2 * b0 + 2], row[2 * b0 + 3])
+            for i in range(n_out):
+                regs[f"${n_out + 3 + 2 * nt + i}"] = acc[lane][i]
+            inputs.append(regs)
+        out = run_warp(F._mma_asm(fmt, nt), inputs)
+        acc = [[out[lane][f"${i}"] for i in range(n_out)] for lane in range(32)]
+    for lane in range(32):
+        g, q = divmod(lane, 4)
+        for t in range(nt):
+            for r in range(4):
+                m, n = g + 8 * (r >> 1), 8 * t + 2 * q + (r & 1)
+                want = sum(weight[m][k] * x[n][k] for k in range(cols))
+                assert f32_value(acc[lane][4 * t + r]) == want, (fmt, nt, lane, t, r)
