@@ -123,14 +123,10 @@ def _dq8_int4_ref(w, s, INTERP: tl.constexpr):
             _int4_val(_nib(w, 6), s, INTERP), _int4_val(_nib(w, 7), s, INTERP))
 
 
-@triton.jit
-def _dq8_nvfp4_asm(w, s):
-    # Marlin's trick: move each nibble's sign to bf16 bit 15 and its 3 e/m bits
-    # to bf16 bits 6..8. That bf16 equals code * 2**-126 (subnormal for e=0,
-    # which bf16x2 FMA keeps). s arrives pre-multiplied by 2**119, the global
-    # scale by 2**7. Two nibbles (i, i+4) per 32-bit op.
-    return tl.inline_asm_elementwise(
-        asm="""
+# Inline PTX of the tensor-core GEMM's dequantisation (tests/ptx_sim.py runs these
+# strings on CPU): a checkpoint-order word ($8) and its bf16 scale ($9) -> the
+# word's eight bf16 values ($0-$7).
+_DQ8_NVFP4 = """
         {
         .reg .b32 q, t, u, s2, v, nz;
         mov.b32 s2, {$9, $9};
@@ -160,21 +156,8 @@ def _dq8_nvfp4_asm(w, s):
         fma.rn.bf16x2 v, u, s2, nz;
         mov.b32 {$0, $4}, v;
         }
-        """,
-        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,h",
-        args=[w, s],
-        dtype=(tl.bfloat16,) * 8,
-        is_pure=True,
-        pack=1,
-    )
-
-
-@triton.jit
-def _dq8_int4_asm(w, s):
-    # (w & 0x000F000F) | 0x43004300 is the bf16 pair (128 + q_i, 128 + q_{i+4});
-    # one exact FMA subtracts 136 (= 128 + 8), one FMA applies the scale.
-    return tl.inline_asm_elementwise(
-        asm="""
+        """
+_DQ8_INT4 = """
         {
         .reg .b32 q, u, s2, v, nz, one, c136;
         mov.b32 s2, {$9, $9};
@@ -202,7 +185,33 @@ def _dq8_int4_asm(w, s):
         fma.rn.bf16x2 v, u, s2, nz;
         mov.b32 {$3, $7}, v;
         }
-        """,
+        """
+_ASM_DQ8_NVFP4 = tl.constexpr(_DQ8_NVFP4)
+_ASM_DQ8_INT4 = tl.constexpr(_DQ8_INT4)
+
+
+@triton.jit
+def _dq8_nvfp4_asm(w, s):
+    # Marlin's trick: move each nibble's sign to bf16 bit 15 and its 3 e/m bits
+    # to bf16 bits 6..8. That bf16 equals code * 2**-126 (subnormal for e=0,
+    # which bf16x2 FMA keeps). s arrives pre-multiplied by 2**119, the global
+    # scale by 2**7. Two nibbles (i, i+4) per 32-bit op.
+    return tl.inline_asm_elementwise(
+        asm=_ASM_DQ8_NVFP4,
+        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,h",
+        args=[w, s],
+        dtype=(tl.bfloat16,) * 8,
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _dq8_int4_asm(w, s):
+    # (w & 0x000F000F) | 0x43004300 is the bf16 pair (128 + q_i, 128 + q_{i+4});
+    # one exact FMA subtracts 136 (= 128 + 8), one FMA applies the scale.
+    return tl.inline_asm_elementwise(
+        asm=_ASM_DQ8_INT4,
         constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,h",
         args=[w, s],
         dtype=(tl.bfloat16,) * 8,

@@ -1,9 +1,11 @@
-"""The fragment kernel's inline PTX, run on CPU (tests/ptx_sim.py; the Triton
-interpreter cannot run PTX): the dequantisation the GPU compiles puts exactly
+"""The kernels' inline PTX, run on CPU (tests/ptx_sim.py; the Triton interpreter
+cannot run PTX). Fragment kernel: the dequantisation the GPU compiles puts exactly
 the reference's weight values, at the positions frag_pack assigns, into the A
 registers mma.sync.m16n8k16 reads; the NVFP4 scale conversion is exact for
 every e4m3 byte; and the whole one-word asm (dequantisation, then one or two
-MMAs with their operands wired) run on a warp over a K group gives W @ x."""
+MMAs with their operands wired) run on a warp over a K group gives W @ x.
+Tensor-core GEMM (the fallback for shapes the fragment order does not fit): its
+dequantisation of a checkpoint-order word gives the reference's eight values."""
 
 import os
 import random
@@ -13,7 +15,7 @@ import pytest
 import torch
 from ptx_sim import PTX, bf16_bits, bf16_value, e4m3_value, f32_value, run_warp
 
-from sm120_kernels import fused_moe_w4a16_frag as F
+from sm120_kernels import fused_moe_w4a16 as M, fused_moe_w4a16_frag as F
 
 # the simulated text is what compiles; one tier is enough
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
@@ -162,3 +164,29 @@ def test_whole_mma_asm_computes_one_k_group(fmt, nt):
                 m, n = g + 8 * (r >> 1), 8 * t + 2 * q + (r & 1)
                 want = sum(weight[m][k] * x[n][k] for k in range(cols))
                 assert f32_value(acc[lane][4 * t + r]) == want, (fmt, nt, lane, t, r)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "nvfp4"])
+def test_tensor_core_gemm_dequantisation(fmt):
+    """_dq8_*_asm: nibble i of a checkpoint word -> output $i, times the scale the
+    GEMM passes ($9: the bf16 scale; NVFP4: e4m3 * 2**119, as _cvt_scale makes it)."""
+    rng = random.Random(11)
+    asm = M._DQ8_INT4 if fmt == "int4" else M._DQ8_NVFP4
+    words = [sum(((i + k) % 16) << (4 * i) for i in range(8)) for k in range(16)]  # every code at every nibble
+    words += [rng.getrandbits(32) for _ in range(48)]
+    for word in words:
+        if fmt == "int4":
+            s_bits = _random_bf16_scale(rng)
+            scale = bf16_value(s_bits)
+        else:
+            byte = rng.randint(0, 0x7E)
+            s_bits = bf16_bits(e4m3_value(byte) * NVFP4_SCALE_SHIFT)
+            scale = e4m3_value(byte)
+        sim = PTX(asm, {"$8": word, "$9": s_bits}).run()
+        for i in range(8):
+            code = (word >> (4 * i)) & 0xF
+            if fmt == "int4":
+                want = rounded_bf16((code - 8) * scale)
+            else:
+                want = fp4_value(code) * scale * NVFP4_VALUE_SHIFT
+            assert bf16_value(sim.regs[f"${i}"]) == want, (fmt, hex(word), i, code)
