@@ -51,6 +51,23 @@ def int4_scale_pair(bits: int) -> int:
     return bits | (bits << 16)  # _scale_pairs on the GPU: {s, s}
 
 
+def lane_scales(fmt: str, scale_raw: list[int], g: int) -> tuple[int, int]:
+    """The scale registers of lanes 4g .. 4g + 3 (rows g and g + 8), as the kernel
+    makes them from the raw scales (bf16 bits for INT4, e4m3 bytes for NVFP4)."""
+    if fmt == "int4":
+        return int4_scale_pair(scale_raw[g]), int4_scale_pair(scale_raw[g + 8])
+    return nvfp4_scale_pairs(scale_raw[g], scale_raw[g + 8])
+
+
+def packed_tile(fmt: str, rows: int, cols: int):
+    """Random 4-bit codes [rows, cols] (nibble i of word j = column 8j + i) and
+    frag_pack's words for them, [lane, word] of the one row tile and K group."""
+    codes = torch.randint(0, 16, (rows, cols), dtype=torch.int64)
+    words = (codes.view(rows, cols // 8, 8) << torch.arange(0, 32, 4)).sum(-1)
+    words = torch.where(words < 2**31, words, words - 2**32).to(torch.int32)
+    return codes, F.frag_pack(words.unsqueeze(0), fmt)[0, 0, 0]
+
+
 def test_e4m3_scale_conversion_is_exact_for_every_byte():
     bytes_ = [b for b in range(256) if b & 0x7F != 0x7F]  # all but the two NaNs
     for lo, hi in zip(bytes_, reversed(bytes_)):
@@ -71,23 +88,17 @@ def test_dequantised_fragment_matches_reference(fmt, seed):
     rng = random.Random(seed)
     torch.manual_seed(seed)
     rows, cols = 16, 64  # one row tile, one K group: 32 lanes x 4 words
-    codes = torch.randint(0, 16, (rows, cols), dtype=torch.int64)
-    words = (codes.view(rows, cols // 8, 8) << torch.arange(0, 32, 4)).sum(-1)
-    words = torch.where(words < 2**31, words, words - 2**32).to(torch.int32)
-    packed = F.frag_pack(words.unsqueeze(0), fmt)[0, 0, 0]  # [lane, word]
+    codes, packed = packed_tile(fmt, rows, cols)
     if fmt == "int4":
-        scale_bits = [_random_bf16_scale(rng) for _ in range(rows)]
-        scale = [bf16_value(b) for b in scale_bits]
+        scale_raw = [_random_bf16_scale(rng) for _ in range(rows)]
+        scale = [bf16_value(b) for b in scale_raw]
     else:
-        scale_bytes = [rng.randint(0, 0x7E) for _ in range(rows)]
-        scale = [e4m3_value(b) for b in scale_bytes]
+        scale_raw = [rng.randint(0, 0x7E) for _ in range(rows)]
+        scale = [e4m3_value(b) for b in scale_raw]
     seen = set()
     for lane in range(32):
         g, q = divmod(lane, 4)
-        if fmt == "int4":
-            s_lo, s_hi = int4_scale_pair(scale_bits[g]), int4_scale_pair(scale_bits[g + 8])
-        else:
-            s_lo, s_hi = nvfp4_scale_pairs(scale_bytes[g], scale_bytes[g + 8])
+        s_lo, s_hi = lane_scales(fmt, scale_raw, g)
         for j in range(4):
             regs = dequant_registers(fmt, int(packed[lane, j]), s_lo, s_hi)
             for r in range(4):
@@ -122,18 +133,15 @@ def test_whole_mma_asm_computes_one_k_group(fmt, nt):
     rng = random.Random(7 * nt + (fmt == "nvfp4"))
     torch.manual_seed(nt)
     rows, cols, tokens = 16, 64, 8 * nt
-    codes = torch.randint(0, 16, (rows, cols), dtype=torch.int64)
-    words = (codes.view(rows, cols // 8, 8) << torch.arange(0, 32, 4)).sum(-1)
-    words = torch.where(words < 2**31, words, words - 2**32).to(torch.int32)
-    packed = F.frag_pack(words.unsqueeze(0), fmt)[0, 0, 0]
+    codes, packed = packed_tile(fmt, rows, cols)
     x = [[Fraction(rng.randint(-4, 4)) for _ in range(cols)] for _ in range(tokens)]
     if fmt == "int4":
-        scale_bits = [bf16_bits(Fraction(2) ** -rng.randint(0, 4)) for _ in range(rows)]
-        scale = [bf16_value(b) for b in scale_bits]
+        scale_raw = [bf16_bits(Fraction(2) ** -rng.randint(0, 4)) for _ in range(rows)]
+        scale = [bf16_value(b) for b in scale_raw]
         weight = [[(int(codes[m, k]) - 8) * scale[m] for k in range(cols)] for m in range(rows)]
     else:
-        scale_bytes = [(rng.randint(5, 9) << 3) | rng.randint(0, 7) for _ in range(rows)]  # 2**-2 .. 2**2
-        scale = [e4m3_value(b) for b in scale_bytes]
+        scale_raw = [(rng.randint(5, 9) << 3) | rng.randint(0, 7) for _ in range(rows)]  # 2**-2 .. 2**2
+        scale = [e4m3_value(b) for b in scale_raw]
         weight = [[fp4_value(int(codes[m, k])) * scale[m] * NVFP4_VALUE_SHIFT for k in range(cols)]
                   for m in range(rows)]
     n_out = 4 * nt
@@ -142,10 +150,7 @@ def test_whole_mma_asm_computes_one_k_group(fmt, nt):
         inputs = []
         for lane in range(32):
             g, q = divmod(lane, 4)
-            if fmt == "int4":
-                s_lo, s_hi = int4_scale_pair(scale_bits[g]), int4_scale_pair(scale_bits[g + 8])
-            else:
-                s_lo, s_hi = nvfp4_scale_pairs(scale_bytes[g], scale_bytes[g + 8])
+            s_lo, s_hi = lane_scales(fmt, scale_raw, g)
             regs = {f"${n_out}": int(packed[lane, j]) & 0xFFFFFFFF, f"${n_out + 1}": s_lo, f"${n_out + 2}": s_hi}
             for t in range(nt):  # the token of this lane in n8 tile t: 8 t + g
                 row = x[8 * t + g]
@@ -168,7 +173,7 @@ def test_whole_mma_asm_computes_one_k_group(fmt, nt):
 
 @pytest.mark.parametrize("fmt", ["int4", "nvfp4"])
 def test_tensor_core_gemm_dequantisation(fmt):
-    """_dq8_*_asm: nibble i of a checkpoint word -> output $i, times the scale the
+    """_DQ8_INT4 / _DQ8_NVFP4: nibble i of a checkpoint word -> output $i, times the scale the
     GEMM passes ($9: the bf16 scale; NVFP4: e4m3 * 2**119, as _cvt_scale makes it)."""
     rng = random.Random(11)
     asm = M._DQ8_INT4 if fmt == "int4" else M._DQ8_NVFP4

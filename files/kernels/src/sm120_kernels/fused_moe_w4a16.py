@@ -46,7 +46,7 @@ from . import routing
 FORMATS = ("nvfp4", "int4")
 GROUP_SIZE = {"nvfp4": 16, "int4": 32}
 # 2**119: folded into the NVFP4 block scale on the inline-asm path (see
-# _dq8_nvfp4_asm); the global scale takes 2**7 so the product is unchanged.
+# _DQ8_NVFP4); the global scale takes 2**7 so the product is unchanged.
 _NVFP4_ASM_SCALE_SHIFT = 119
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -125,7 +125,12 @@ def _dq8_int4_ref(w, s, INTERP: tl.constexpr):
 
 # Inline PTX of the tensor-core GEMM's dequantisation (tests/ptx_sim.py runs these
 # strings on CPU): a checkpoint-order word ($8) and its bf16 scale ($9) -> the
-# word's eight bf16 values ($0-$7).
+# word's eight bf16 values ($0-$7), two nibbles (i, i + 4) per 32-bit op.
+# NVFP4, Marlin's trick: each nibble's sign goes to bf16 bit 15 and its 3 e/m bits
+# to bits 6..8; that bf16 is code * 2**-126 (subnormal for e = 0, which the bf16x2
+# FMA keeps). The scale arrives times 2**119, the global scale times 2**7.
+# INT4: (w & 0x000F000F) | 0x43004300 is the bf16 pair (128 + q_i, 128 + q_{i+4});
+# one exact FMA subtracts 136 (= 128 + 8), one FMA applies the scale.
 _DQ8_NVFP4 = """
         {
         .reg .b32 q, t, u, s2, v, nz;
@@ -191,33 +196,14 @@ _ASM_DQ8_INT4 = tl.constexpr(_DQ8_INT4)
 
 
 @triton.jit
-def _dq8_nvfp4_asm(w, s):
-    # Marlin's trick: move each nibble's sign to bf16 bit 15 and its 3 e/m bits
-    # to bf16 bits 6..8. That bf16 equals code * 2**-126 (subnormal for e=0,
-    # which bf16x2 FMA keeps). s arrives pre-multiplied by 2**119, the global
-    # scale by 2**7. Two nibbles (i, i+4) per 32-bit op.
-    return tl.inline_asm_elementwise(
-        asm=_ASM_DQ8_NVFP4,
-        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,h",
-        args=[w, s],
-        dtype=(tl.bfloat16,) * 8,
-        is_pure=True,
-        pack=1,
-    )
-
-
-@triton.jit
-def _dq8_int4_asm(w, s):
-    # (w & 0x000F000F) | 0x43004300 is the bf16 pair (128 + q_i, 128 + q_{i+4});
-    # one exact FMA subtracts 136 (= 128 + 8), one FMA applies the scale.
-    return tl.inline_asm_elementwise(
-        asm=_ASM_DQ8_INT4,
-        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,h",
-        args=[w, s],
-        dtype=(tl.bfloat16,) * 8,
-        is_pure=True,
-        pack=1,
-    )
+def _dq8_asm(w, s, FMT: tl.constexpr):
+    """A checkpoint word's eight bf16 values by the inline PTX (_DQ8_NVFP4 / _DQ8_INT4)."""
+    if FMT == 0:
+        asm: tl.constexpr = _ASM_DQ8_NVFP4
+    else:
+        asm: tl.constexpr = _ASM_DQ8_INT4
+    return tl.inline_asm_elementwise(asm=asm, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,h", args=[w, s],
+                                     dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -241,16 +227,12 @@ def _load_scale(s_ptrs, mask, FMT: tl.constexpr, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _dq8(w, s, FMT: tl.constexpr, USE_ASM: tl.constexpr, INTERP: tl.constexpr):
-    if FMT == 0:
-        if USE_ASM:
-            r = _dq8_nvfp4_asm(w, s)
-        else:
-            r = _dq8_nvfp4_ref(w, s, INTERP)
+    if USE_ASM:
+        r = _dq8_asm(w, s, FMT)
+    elif FMT == 0:
+        r = _dq8_nvfp4_ref(w, s, INTERP)
     else:
-        if USE_ASM:
-            r = _dq8_int4_asm(w, s)
-        else:
-            r = _dq8_int4_ref(w, s, INTERP)
+        r = _dq8_int4_ref(w, s, INTERP)
     return r
 
 
