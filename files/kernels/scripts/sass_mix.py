@@ -18,7 +18,7 @@ import sys
 from triton.backends.compiler import GPUTarget
 
 import compile_sm120 as C
-from sm120_compile_util import SM120, compile_sm120, hottest_loop, opcode_mix
+from sm120_compile_util import SM120
 
 TARGETS = {"sm_120a": SM120, "sm_90a": GPUTarget("cuda", 90, 32)}
 
@@ -28,13 +28,12 @@ def main(filters):
         if "tensor-core" in name or not all(f in name for f in filters):
             continue
         for arch, target in TARGETS.items():
-            sig_ = {k: v for k, v in sig.items() if v != "constexpr"}
-            r = compile_sm120(fn, sig_, const, warps, stages, target=target, sass=True)
-            body = hottest_loop(r["sass"])
-            hmma = sum(op.startswith("HMMA") for _, op, _ in body)
-            print(json.dumps({"name": name, "target": arch, "registers": r["registers"], "loop_instructions": len(body),
-                              "hmma": hmma, "per_hmma": round(len(body) / hmma, 2) if hmma else None,
-                              "mix": opcode_mix(body)}), flush=True)
+            r = C.compile_one(fn, sig, const, warps, stages, k_loop=True, target=target)
+            hmma = r["loop_hmma"]
+            print(json.dumps({"name": name, "target": arch, "registers": r["registers"],
+                              "loop_instructions": r["loop_instructions"], "hmma": hmma,
+                              "per_hmma": round(r["loop_instructions"] / hmma, 2) if hmma else None,
+                              "mix": r["loop_mix"]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,17 +11,17 @@ import sys
 assert os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 import triton  # noqa: E402
-from sm120_compile_util import SM120_SHARED_LIMIT, compile_sm120, hottest_loop, opcode_mix  # noqa: E402
+from sm120_compile_util import SM120, SM120_SHARED_LIMIT, compile_sm120, hottest_loop, opcode_mix  # noqa: E402
 
 from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F, routing as R  # noqa: E402
 from sm120_kernels.models import MODELS  # noqa: E402
 
 
-def compile_one(fn, signature, constexprs, num_warps, num_stages, k_loop=False):
-    """Resources of one build; with k_loop, also its hottest loop's length, HMMA
-    count and instruction classes (from the SASS)."""
+def compile_one(fn, signature, constexprs, num_warps, num_stages, k_loop=False, target=SM120):
+    """Resources of one build (sm_120 unless told); with k_loop, also its hottest
+    loop's length, HMMA count and instruction classes (from the SASS)."""
     sig = {k: v for k, v in signature.items() if v != "constexpr"}
-    r = compile_sm120(fn, sig, constexprs, num_warps, num_stages, sass=k_loop)
+    r = compile_sm120(fn, sig, constexprs, num_warps, num_stages, target=target, sass=k_loop)
     res = {"shared": r["shared"], "spills": r["spills"], "registers": r["registers"], "stack": r["stack"]}
     if k_loop:
         body = hottest_loop(r["sass"])
