@@ -89,6 +89,47 @@ def test_zero_tokens():
     assert y.shape == (0, 128) and post.shape == (0, 4) and comb.shape == (0, 4, 4)
 
 
+def test_pdl_launch_follows_config_rows_and_override(monkeypatch):
+    """PDL launch options: only where the kernel's config entry says "pdl" and
+    n <= pdl_max_rows; SM120_MHC_PDL overrides (0, 1, or entry names); never
+    before sm_90 or under the interpreter. The H200 file turns it on for post
+    and the one-launch pre up to 8 rows, the sm_120 default nowhere."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("SM120_MHC_PDL", raising=False)
+    cap = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap[0])
+    dev = torch.device("cuda", 0)
+    on = {"PDL": True, "launch_pdl": True}
+    cfg = {"pdl": True, "pdl_max_rows": 8}
+    assert M._pdl_meta(dev, "post", cfg, 8) == on
+    assert M._pdl_meta(dev, "post", cfg, 9) == {}
+    assert M._pdl_meta(dev, "post", {}, 1) == {}
+    assert M._pdl_meta(torch.device("cpu"), "post", cfg, 1) == {}
+    monkeypatch.setenv("SM120_MHC_PDL", "post")
+    assert M._pdl_meta(dev, "post", {}, 64) == on
+    assert M._pdl_meta(dev, "pre_fused", cfg, 1) == {}
+    monkeypatch.setenv("SM120_MHC_PDL", "0")
+    assert M._pdl_meta(dev, "post", cfg, 1) == {}
+    monkeypatch.setenv("SM120_MHC_PDL", "1")
+    assert M._pdl_meta(dev, "finish", {}, 300) == on
+    cap[0] = (8, 9)
+    assert M._pdl_meta(dev, "finish", {}, 300) == {}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cap[0] = (12, 0)
+    assert M._pdl_meta(dev, "finish", {}, 1) == {}
+
+    from sm120_kernels.indexer import load_configs
+
+    h200 = load_configs("mhc", "NVIDIA H200")
+    assert [k for k, v in h200.items() if v.get("pdl")] == ["post", "pre_fused"]
+    assert h200["post"]["pdl_max_rows"] == h200["pre_fused"]["pdl_max_rows"] == 8
+    default = load_configs("mhc", "NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    assert not any(v.get("pdl") for v in default.values())
+    # the H200 file is the default plus the PDL keys
+    strip = {k: {kk: vv for kk, vv in v.items() if not kk.startswith("pdl")} for k, v in h200.items()}
+    assert strip == default
+
+
 # ---------------------------------------------------------------- sm_120 cross-compile
 
 STAGE1_SIG = {
@@ -149,7 +190,7 @@ def _shipped_mhc_configs():
     for f in sorted(root.iterdir(), key=lambda p: p.name):
         if f.name.startswith("mhc-") and f.name.endswith(".json"):
             for key, cfg in json.loads(f.read_text()).items():
-                if not key.startswith("_"):
+                if not key.startswith("_") and isinstance(cfg, dict):
                     out.append((f.name, key, cfg))
     return out
 
@@ -177,13 +218,14 @@ def test_shipped_configs_compile_for_sm120(fname, key, cfg, do_post):
         for n, (bm, cw, bd, gk, _groups) in enumerate(shapes, start=1):
             eff = M._effective_cfg(n, cfg)
             reps = max(1, min(eff.get("replicas", 1), M._RED_REPLICAS, gk))
-            variants.add((bm, cw, bd, gk, reps, eff.get("pipe", 0), eff["num_warps"]))
-        for bm, cw, bd, gk, reps, pipe, warps in sorted(variants):
+            variants.add((bm, cw, bd, gk, reps, eff.get("pipe", 0), eff["num_warps"], bool(eff.get("pdl"))))
+        for bm, cw, bd, gk, reps, pipe, warps, pdl in sorted(variants):
             r = compile_sm120(
                 M._mhc_pre_fused_kernel,
                 PRE_FUSED_SIG,
                 {"HC": 4, "MIX": 24, "MIXP": 32, "BM": bm, "CW": cw, "BD": bd, "GK": gk, "RED_ROWS": M._RED_ROWS,
-                 "R": reps, "RMAX": M._RED_REPLICAS, "ITERS": 20, "PHASE": 3, "DOT_BF16": True, "PIPE": pipe},
+                 "R": reps, "RMAX": M._RED_REPLICAS, "ITERS": 20, "PHASE": 3, "DOT_BF16": True, "PIPE": pipe,
+                 "PDL": pdl},
                 warps,
                 max(1, pipe),
             )
@@ -195,7 +237,7 @@ def test_shipped_configs_compile_for_sm120(fname, key, cfg, do_post):
         r = compile_sm120(
             M._mhc_finish_kernel,
             FINISH_SIG,
-            {"HC": 4, "MIXP": 32, "NCH": 64, "ITERS": 20, "BD": cfg["block_d"]},
+            {"HC": 4, "MIXP": 32, "NCH": 64, "ITERS": 20, "BD": cfg["block_d"], "PDL": bool(cfg.get("pdl"))},
             cfg["num_warps"],
         )
     else:
@@ -213,6 +255,7 @@ def test_shipped_configs_compile_for_sm120(fname, key, cfg, do_post):
                 "DO_POST": do_post or not gemm,
                 "DO_GEMM": gemm,
                 "DOT_BF16": True,
+                "PDL": bool(cfg.get("pdl")),
             },
             cfg["num_warps"],
         )

@@ -64,6 +64,17 @@ def _round_bf16(x):
 
 
 @triton.jit
+def _pdl_prologue(PDL: tl.constexpr):
+    """Programmatic dependent launch (launched with launch_pdl): wait until
+    the previous kernel in the stream has finished and its writes are visible
+    (before this kernel reads or writes anything), then let the next kernel's
+    programs launch: its launch overlaps this kernel instead of following it."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _mhc_stage1_kernel(
     x_ptr,  # residual in [n, HC, D] bf16
     y_ptr,  # layer output [n, D] bf16 (DO_POST)
@@ -91,7 +102,9 @@ def _mhc_stage1_kernel(
     DO_POST: tl.constexpr,
     DO_GEMM: tl.constexpr,
     DOT_BF16: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    _pdl_prologue(PDL)
     pid_m = tl.program_id(0)
     pid_d = tl.program_id(1)
     rows = pid_m * BM + tl.arange(0, BM)
@@ -166,7 +179,9 @@ def _mhc_finish_kernel(
     NCH: tl.constexpr,
     ITERS: tl.constexpr,
     BD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    _pdl_prologue(PDL)
     y_ptr, post_ptr, comb_ptr = outs
     inv_k, rms_eps, hc_eps, post_mult = mix_args
     t = tl.program_id(0).to(tl.int64)
@@ -219,9 +234,23 @@ def _mhc_finish_kernel(
 
 
 @triton.jit
-def _norm4(a, b, c, d, eps):
-    t = a + b + c + d + eps
-    return tl.math.fdiv(a, t), tl.math.fdiv(b, t), tl.math.fdiv(c, t), tl.math.fdiv(d, t)
+def _rcp(t, ASM: tl.constexpr):
+    """1 / t: rcp.approx.ftz.f32 (one MUFU instruction, relative error below
+    2^-23; t >= eps here, never subnormal) where ASM, else a division (the
+    interpreter cannot run PTX)."""
+    if ASM:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [t], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return 1.0 / t
+
+
+@triton.jit
+def _norm4(a, b, c, d, eps, ASM: tl.constexpr):
+    # one reciprocal and four products: the 20 Sinkhorn rounds are bound by
+    # their instruction issue, and four divisions took 173 instructions a round
+    r = _rcp((a + b) + (c + d) + eps, ASM)
+    return a * r, b * r, c * r, d * r
 
 
 @triton.jit
@@ -265,6 +294,7 @@ def _mhc_row_mix(
     MIX: tl.constexpr,
     RSZ: tl.constexpr,
     R: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """post and the Sinkhorn comb of one row. The 4 x 4 matrix is held as 16
     scalars, so no step needs a cross-thread reduction (the old finish
@@ -301,19 +331,19 @@ def _mhc_row_mix(
     c10, c11, c12, c13 = _softmax4(c10, c11, c12, c13, hc_eps)
     c20, c21, c22, c23 = _softmax4(c20, c21, c22, c23, hc_eps)
     c30, c31, c32, c33 = _softmax4(c30, c31, c32, c33, hc_eps)
-    c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, hc_eps)
-    c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, hc_eps)
-    c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, hc_eps)
-    c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, hc_eps)
+    c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, hc_eps, ASM)
+    c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, hc_eps, ASM)
+    c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, hc_eps, ASM)
+    c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, hc_eps, ASM)
     for _ in range(ITERS - 1):
-        c00, c01, c02, c03 = _norm4(c00, c01, c02, c03, hc_eps)
-        c10, c11, c12, c13 = _norm4(c10, c11, c12, c13, hc_eps)
-        c20, c21, c22, c23 = _norm4(c20, c21, c22, c23, hc_eps)
-        c30, c31, c32, c33 = _norm4(c30, c31, c32, c33, hc_eps)
-        c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, hc_eps)
-        c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, hc_eps)
-        c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, hc_eps)
-        c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, hc_eps)
+        c00, c01, c02, c03 = _norm4(c00, c01, c02, c03, hc_eps, ASM)
+        c10, c11, c12, c13 = _norm4(c10, c11, c12, c13, hc_eps, ASM)
+        c20, c21, c22, c23 = _norm4(c20, c21, c22, c23, hc_eps, ASM)
+        c30, c31, c32, c33 = _norm4(c30, c31, c32, c33, hc_eps, ASM)
+        c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, hc_eps, ASM)
+        c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, hc_eps, ASM)
+        c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, hc_eps, ASM)
+        c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, hc_eps, ASM)
     cp = comb_ptr + row * (HC * HC)
     tl.store(cp + 0, c00)
     tl.store(cp + 1, c01)
@@ -405,6 +435,7 @@ def _mhc_pre_fused_kernel(
     PHASE: tl.constexpr,  # 3: one launch (grid barrier); 1 then 2: two launches (interpreter)
     DOT_BF16: tl.constexpr,
     PIPE: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
     """The whole mHC pre in one launch for decode batches. Program (rg, kj)
     owns rows [rg*BM, rg*BM+BM) and columns [kj*CW, kj*CW+CW) of each stream:
@@ -417,6 +448,7 @@ def _mhc_pre_fused_kernel(
     Two buffers alternate with the barrier generation: while one is
     accumulated, the programs zero the other one for the next call, so both
     are clean at rest without a memset launch."""
+    _pdl_prologue(PDL)
     y_ptr = outs[0]
     inv_k, rms_eps, hc_eps, post_mult = mix_args
     rg = tl.program_id(0)
@@ -505,7 +537,7 @@ def _mhc_pre_fused_kernel(
             if row < n:
                 _mhc_row_mix(
                     red + row * MIXP,
-                    scale_ptr, base_ptr, outs, row.to(tl.int64), mix_args, ITERS, HC, MIX, RSZ, R,
+                    scale_ptr, base_ptr, outs, row.to(tl.int64), mix_args, ITERS, HC, MIX, RSZ, R, PHASE == 3,
                 )
 
 
@@ -517,6 +549,25 @@ def _resolve(name: str, default: dict, config: Optional[dict], device=None) -> d
 
     found = load_configs("mhc", _device_name(device)).get(name)
     return {**default, **(found or {})}
+
+
+def _pdl_meta(device, kernel: str, cfg: dict, n: int) -> dict:
+    """Launch options for programmatic dependent launch (PDL: the kernel waits
+    for the previous kernel in its prologue, so its launch overlaps that
+    kernel's tail) when the kernel's config entry says "pdl" and n is at most
+    its "pdl_max_rows" (sm_90 and newer, not under the interpreter).
+    SM120_MHC_PDL overrides: 0, 1, or the config entries to launch so,
+    comma-separated (any n)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+        return {}
+    env = os.environ.get("SM120_MHC_PDL")
+    if env is not None:
+        on = env == "1" or kernel in env.split(",")
+    else:
+        on = bool(cfg.get("pdl", False)) and n <= int(cfg.get("pdl_max_rows", 1 << 30))
+    if not on or torch.cuda.get_device_capability(device)[0] < 9:
+        return {}
+    return {"PDL": True, "launch_pdl": True}
 
 
 def _check_residual(residual: torch.Tensor):
@@ -538,12 +589,9 @@ def _stage1(
     n, hc, d = residual.shape
     do_post = x is not None
     do_gemm = fn is not None
-    if do_gemm and do_post:
-        cfg = _resolve("stage1_fused", DEFAULT_FUSED_CONFIG, config, residual.device)
-    elif do_gemm:
-        cfg = _resolve("stage1", DEFAULT_STAGE1_CONFIG, config, residual.device)
-    else:
-        cfg = _resolve("post", DEFAULT_POST_CONFIG, config, residual.device)
+    kind, default = (("stage1_fused", DEFAULT_FUSED_CONFIG) if do_post else ("stage1", DEFAULT_STAGE1_CONFIG)) \
+        if do_gemm else ("post", DEFAULT_POST_CONFIG)
+    cfg = _resolve(kind, default, config, residual.device)
     bm, chunk, bd = int(cfg["block_m"]), int(cfg["chunk_d"]), int(cfg["block_d"])
     if do_gemm:
         # one row block for decode batches, so fn is read once
@@ -596,6 +644,7 @@ def _stage1(
         DO_GEMM=do_gemm,
         DOT_BF16=os.environ.get("TRITON_INTERPRET") != "1",
         num_warps=int(cfg["num_warps"]),
+        **_pdl_meta(dev, kind, cfg, n),
     )
     return res_out, part, sq, n_chunks
 
@@ -638,6 +687,7 @@ def _finish(residual, part, sq, n_chunks, hc_scale, hc_base, rms_eps, hc_eps, it
         ITERS=int(iters),
         BD=bd,
         num_warps=int(cfg["num_warps"]),
+        **_pdl_meta(residual.device, "finish", cfg, n),
     )
     return outs
 
@@ -718,7 +768,8 @@ def _pre_fused(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, iters, post_mul
     reps = max(1, min(int(plan_cfg.get("replicas", 1)), _RED_REPLICAS, gk))
     meta = dict(HC=hc, MIX=mix, MIXP=mixp, BM=bm, CW=cw, BD=bd, GK=gk, RED_ROWS=_RED_ROWS, R=reps,
                 RMAX=_RED_REPLICAS, ITERS=int(iters),
-                DOT_BF16=not interp, num_warps=warps, PIPE=int(plan_cfg.get("pipe", 0)))
+                DOT_BF16=not interp, num_warps=warps, PIPE=int(plan_cfg.get("pipe", 0)),
+                **_pdl_meta(dev, "pre_fused", plan_cfg, n))
     if int(plan_cfg.get("pipe", 0)) > 0:
         meta["num_stages"] = int(plan_cfg["pipe"])
     for phase in ((1, 2) if interp else (3,)):
