@@ -7,6 +7,8 @@
    against the reference (n 1 / 8 / 64 / 300), the one-launch pre + post
    replayed 800 times in a graph, then both bench figures of every mHC bench
    case (single call, in stream) and pre alone / post alone in stream.
+3. The one-launch pre's launch shapes at n 32 and 64 (PRE_SHAPES), each
+   checked against the reference, pre alone in stream.
 
     PYTHONPATH=src python3 scripts/pdl_ab.py [--skip-mhc]
 """
@@ -106,6 +108,36 @@ def mhc_part(bw):
     os.environ.pop("SM120_MHC_PDL", None)
 
 
+PRE_SHAPES = [  # (block_m, block_d, pipe, replicas, num_warps); columns per program by the plan's rule
+    (64, 16, 0, 8, 4), (64, 32, 0, 8, 4), (64, 16, 0, 4, 4), (64, 16, 0, 8, 8), (64, 16, 2, 8, 4),
+    (32, 16, 0, 8, 4), (32, 32, 0, 8, 4), (32, 32, 2, 8, 4), (32, 16, 0, 4, 4), (32, 32, 0, 8, 8),
+    (16, 32, 3, 4, 4), (16, 32, 0, 4, 4), (16, 32, 3, 8, 4),
+]
+
+
+def pre_shapes():
+    """The one-launch pre's launch shapes at n 32 and 64: pre alone in stream."""
+    os.environ["SM120_MHC_PDL"] = "0"
+    for n in (32, 64):
+        sets = [H.make_inputs(n, H.HIDDEN, device="cuda", seed=70 + i) for i in range(16)]
+        a = sets[0]
+        ry = H.mhc_pre_ref(a[0], a[2], a[3], a[4], H.RMS_EPS, H.HC_EPS)
+        for bm, bd, pipe, reps, warps in PRE_SHAPES:
+            cfg = {"pre_fused": {"max_rows": 64, "block_m": bm, "min_cols": 32, "block_d": bd, "num_warps": warps,
+                                 "pipe": pipe, "replicas": reps, "large_rows": 1 << 20}}
+            plan = H._pre_plan(a[0], a[2], cfg)
+            try:
+                out = H.mhc_pre(a[0], a[2], a[3], a[4], H.RMS_EPS, H.HC_EPS, config=cfg)
+                err = max(H.rel_err(o, r) for o, r in zip(out, ry))
+                calls = [lambda a=a: H.mhc_pre(a[0], a[2], a[3], a[4], H.RMS_EPS, H.HC_EPS, config=cfg) for a in sets]
+                us = round(stream_time_us(calls)[0], 2)
+            except Exception as exc:  # noqa: BLE001 - an out-of-resources shape is a result too
+                err, us = None, f"{type(exc).__name__}: {exc}"[:120]
+            rec(kind="pre_shape", n=n, bm=bm, bd=bd, pipe=pipe, reps=reps, warps=warps,
+                plan=None if plan is None else list(plan[:5]), max_rel=err, pre_stream_us=us)
+    os.environ.pop("SM120_MHC_PDL", None)
+
+
 def main():
     print(torch.__version__, triton.__version__, torch.cuda.get_device_name(dev), flush=True)
     bw = copy_bandwidth(dev)
@@ -113,6 +145,7 @@ def main():
     floor()
     if "--skip-mhc" not in sys.argv:
         mhc_part(bw)
+        pre_shapes()
 
 
 if __name__ == "__main__":
