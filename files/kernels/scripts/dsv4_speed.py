@@ -15,7 +15,7 @@ from triton.testing import do_bench
 
 from sm120_kernels import indexer as I
 from sm120_kernels import mhc as M
-from sm120_kernels.indexer import _graphed
+from sm120_kernels.registry import graphed
 
 OUT = os.environ.get("OUT", "/tmp")
 dev = torch.device("cuda")
@@ -70,7 +70,7 @@ def mhc_part(bw):
     def cap():
         outs["v"] = M.mhc_pre(res, fn, sc, base, M.RMS_EPS, M.HC_EPS)
 
-    g = _graphed(cap)
+    g = graphed(cap)
     for _ in range(300):
         g()
     torch.cuda.synchronize()
@@ -119,18 +119,18 @@ def mhc_part(bw):
         b_pre = n * hc * d * 2 + 24 * hc * d * 4 + n * d * 2 + n * 20 * 4
         b_post = n * d * 2 + 2 * n * hc * d * 2 + n * 20 * 4
         no_fused(True)
-        t = t_us(_graphed(lambda: M.mhc_pre(res, fn, sc, base, M.RMS_EPS, M.HC_EPS)))
+        t = t_us(graphed(lambda: M.mhc_pre(res, fn, sc, base, M.RMS_EPS, M.HC_EPS)))
         rec(kind="mhc_pre", n=n, variant="old", us=round(t, 2), bound_us=round(b_pre / bw * 1e6, 2))
         no_fused(False)
         for name, cfg in pre_cfgs.items():
             try:
-                t = t_us(_graphed(lambda: M.mhc_pre(res, fn, sc, base, M.RMS_EPS, M.HC_EPS, config={"pre_fused": cfg})))
+                t = t_us(graphed(lambda: M.mhc_pre(res, fn, sc, base, M.RMS_EPS, M.HC_EPS, config={"pre_fused": cfg})))
                 rec(kind="mhc_pre", n=n, variant=name, us=round(t, 2))
             except Exception as exc:  # noqa: BLE001
                 rec(kind="mhc_pre", n=n, variant=name, error=f"{type(exc).__name__}: {exc}"[:200])
         for name, cfg in post_cfgs.items():
             try:
-                t = t_us(_graphed(lambda: M.mhc_post(x, res, post, comb, config=cfg)))
+                t = t_us(graphed(lambda: M.mhc_post(x, res, post, comb, config=cfg)))
                 rec(kind="mhc_post", n=n, variant=name, us=round(t, 2), bound_us=round(b_post / bw * 1e6, 2))
             except Exception as exc:  # noqa: BLE001
                 rec(kind="mhc_post", n=n, variant=name, error=f"{type(exc).__name__}: {exc}"[:200])
@@ -139,10 +139,10 @@ def mhc_part(bw):
             M.mhc_pre(res, fn, sc, base, M.RMS_EPS, M.HC_EPS)
             M.mhc_post(x, res, post, comb)
 
-        t = t_us(_graphed(both))
+        t = t_us(graphed(both))
         rec(kind="mhc_pre+post", n=n, variant="default", us=round(t, 2), bound_us=round((b_pre + b_post) / bw * 1e6, 2))
     tiny = torch.empty(256, device=dev)
-    t = t_us(_graphed(lambda: tiny.fill_(1.0)))
+    t = t_us(graphed(lambda: tiny.fill_(1.0)))
     rec(kind="mhc_pre", n=0, variant="one_tiny_kernel_graph", us=round(t, 2))
 
 
@@ -162,7 +162,7 @@ def indexer_part(bw):
             try:
                 o = I.paged_mqa_logits(q, kv, w, ctx, bt, mx, config=cfg)
                 chk = I.compare_logits(o, ref)
-                t = t_us(_graphed(lambda: I.paged_mqa_logits(q, kv, w, ctx, bt, mx, out=out, config=cfg)))
+                t = t_us(graphed(lambda: I.paged_mqa_logits(q, kv, w, ctx, bt, mx, out=out, config=cfg)))
                 rec(kind="idx_logits", batch=batch, next_n=nn, variant=name, us=round(t, 2),
                     frac=round(nbytes / (t * 1e-6) / bw, 3), same_as_file=chk["ok"], calc_diff=chk["calc_diff"])
             except Exception as exc:  # noqa: BLE001

@@ -22,7 +22,7 @@ from triton.testing import do_bench
 
 from sm120_kernels import indexer as I
 from sm120_kernels.bench import stream_time_us
-from sm120_kernels.indexer import _graphed
+from sm120_kernels.registry import graphed
 
 BASE = {"prefetch": False, "swap": True, "num_warps": 4, "num_stages": 3, "pages_per_iter": 1}
 
@@ -102,7 +102,7 @@ def main():
                 regs = [getattr(k, "n_regs", None) for k in new]
                 calls = [lambda cfg=cfg, mod=mod: mod.paged_mqa_logits(q, kv, w, ctx, bt, mx, out=out, config=cfg),
                          lambda cfg=cfg, mod=mod: mod.paged_mqa_logits(q2, kv2, w2, ctx2, bt2, mx, out=out2, config=cfg)]
-                fns.append((_graphed(calls[0]), calls))
+                fns.append((graphed(calls[0]), calls))
                 res.append({"ok": chk["ok"], "calc_diff": chk["calc_diff"], "t": [], "regs": regs})
             except Exception as exc:  # noqa: BLE001
                 print(f"# n{next_n} {cfg}: {type(exc).__name__} {exc}"[:300], flush=True)

@@ -12,7 +12,7 @@ from triton.testing import do_bench
 from sm120_kernels import fused_moe_w4a16 as M
 from sm120_kernels.configs import get_config
 from sm120_kernels.models import MODELS, ep_share_routing
-from sm120_kernels.registry import compare
+from sm120_kernels.registry import compare, graphed
 
 
 # (config key, value) tried on top of the shipped config, one GEMM at a time
@@ -36,15 +36,8 @@ def main():
             for name, cfg in [("shipped", shipped)] + variants:
                 out = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, **kw)
                 res = compare(out, ref)
-                g = torch.cuda.CUDAGraph()
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    M.fused_moe_w4a16(x, W, tw, ids, out=o, config=cfg, **kw)
-                torch.cuda.current_stream().wait_stream(s)
-                with torch.cuda.graph(g):
-                    M.fused_moe_w4a16(x, W, tw, ids, out=o, config=cfg, **kw)
-                t = do_bench(g.replay, warmup=10, rep=80, return_mode="median") * 1e3
+                replay = graphed(lambda cfg=cfg: M.fused_moe_w4a16(x, W, tw, ids, out=o, config=cfg, **kw), warmup=1)
+                t = do_bench(replay, warmup=10, rep=80, return_mode="median") * 1e3
                 print(f"{model.name:18s} b{b:<3d} {name:22s} {t:7.1f} us  {'ok' if res.ok else 'FAIL ' + res.detail}",
                       flush=True)
 

@@ -13,7 +13,7 @@ from triton.testing import do_bench
 from sm120_kernels import fused_moe_w4a16 as M
 from sm120_kernels.bench import stream_time_us
 from sm120_kernels.configs import get_config
-from sm120_kernels.indexer import _graphed
+from sm120_kernels.registry import graphed
 from sm120_kernels.models import MODELS
 from sm120_kernels.registry import compare
 
@@ -42,7 +42,7 @@ def main():
             res = compare(M.fused_moe_w4a16(x, W, tw, ids, config=cfg, **kw), ref)
             calls = [lambda s=s, cfg=cfg: M.fused_moe_w4a16(s[0], W, s[1], s[2], out=s[3], config=cfg, **kw)
                      for s in sets]
-            single = do_bench(_graphed(calls[0]), warmup=25, rep=200, return_mode="median") * 1e3
+            single = do_bench(graphed(calls[0]), warmup=25, rep=200, return_mode="median") * 1e3
             stream = stream_time_us(calls)[0]
             print(f"{model.name:18s} TP4 b1 {name:34s} {res.detail:26s} {'ok' if res.ok else 'FAIL'}  "
                   f"single {single:6.2f} us  in stream {stream:6.2f} us", flush=True)

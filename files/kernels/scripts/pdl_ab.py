@@ -23,6 +23,7 @@ from triton.testing import do_bench
 
 from sm120_kernels import mhc as H
 from sm120_kernels.bench import copy_bandwidth, stream_time_us
+from sm120_kernels.registry import graphed
 
 dev = torch.device("cuda")
 
@@ -79,17 +80,9 @@ def mhc_part(bw):
             out["v"] = H.mhc_pre(res, fn, sc, base, H.RMS_EPS, H.HC_EPS)
             H.mhc_post(out["v"][0], res, out["v"][1], out["v"][2])
 
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            cap()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(8):
-                cap()
+        replay = graphed(lambda: [cap() for _ in range(8)], warmup=1)
         for _ in range(100):
-            g.replay()
+            replay()
         torch.cuda.synchronize()
         y, p_, c = out["v"]
         rec(kind="mhc_repeat", pdl=pdl, y=H.rel_err(y, ry), post=H.rel_err(p_, rp), comb=H.rel_err(c, rc))

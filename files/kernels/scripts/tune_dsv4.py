@@ -16,7 +16,7 @@ from triton.testing import do_bench
 
 from sm120_kernels import indexer as I
 from sm120_kernels import mhc as M
-from sm120_kernels.indexer import _graphed
+from sm120_kernels.registry import graphed
 
 
 def copy_bw(dev):
@@ -63,7 +63,7 @@ def main():
                 continue  # over sm_120's shared memory or spills
             cfg = {"prefetch": False, "num_warps": nw, "max_pages_per_prog": ppp, "num_stages": ns, "pages_per_iter": ppi}
             try:
-                fn = _graphed(lambda: I.paged_mqa_logits(q, kv, w, ctx, bt, mx, out=out, config=cfg))
+                fn = graphed(lambda: I.paged_mqa_logits(q, kv, w, ctx, bt, mx, out=out, config=cfg))
                 t = t_us(fn)
             except Exception as exc:  # noqa: BLE001
                 print(f"indexer b{batch} n{next_n} {cfg}: {type(exc).__name__} {exc}"[:300], flush=True)
@@ -81,7 +81,7 @@ def main():
             for (blk, nw), waves in itertools.product(((1024, 4), (2048, 4), (2048, 8), (4096, 8)), (2, 4, 8)):
                 cfg = {"block": blk, "num_warps": nw, "waves": waves}
                 try:
-                    fn = _graphed(lambda: I.topk_indices(out, lens, 512, out=idx, config=cfg))
+                    fn = graphed(lambda: I.topk_indices(out, lens, 512, out=idx, config=cfg))
                     t = t_us(fn)
                     overlap = I.topk_overlap(idx, ref_idx)
                 except Exception as exc:  # noqa: BLE001
@@ -115,7 +115,7 @@ def main():
         for chunk, bd, nw in ((128, 16, 4), (64, 16, 4), (256, 16, 4), (128, 8, 4), (64, 8, 2), (128, 16, 8)):
             cfg = {"block_m": 16, "chunk_d": chunk, "block_d": bd, "num_warps": nw}
             try:
-                f = _graphed(lambda: M.mhc_pre(residual, fn, scale, base, 1e-6, 1e-6, config=cfg))
+                f = graphed(lambda: M.mhc_pre(residual, fn, scale, base, 1e-6, 1e-6, config=cfg))
                 t = t_us(f)
             except Exception as exc:  # noqa: BLE001
                 print(f"mhc pre {cfg}: {type(exc).__name__} {exc}"[:300], flush=True)
@@ -127,7 +127,7 @@ def main():
         for chunk, bd, nw, bm in ((512, 512, 4, 1), (1024, 1024, 4, 1), (256, 256, 2, 1), (512, 256, 4, 2), (2048, 1024, 8, 1)):
             cfg = {"block_m": bm, "chunk_d": chunk, "block_d": bd, "num_warps": nw}
             try:
-                f = _graphed(lambda: M.mhc_post(x, residual, post, comb, config=cfg))
+                f = graphed(lambda: M.mhc_post(x, residual, post, comb, config=cfg))
                 t = t_us(f)
             except Exception as exc:  # noqa: BLE001
                 print(f"mhc post {cfg}: {type(exc).__name__} {exc}"[:300], flush=True)
@@ -139,7 +139,7 @@ def main():
         for chunk, bd, nw in ((128, 8, 4), (64, 8, 4), (128, 8, 8), (256, 8, 4)):
             cfg = {"block_m": 16, "chunk_d": chunk, "block_d": bd, "num_warps": nw}
             try:
-                f = _graphed(lambda: M.mhc_post_pre(x, residual, post, comb, fn, scale, base, 1e-6, 1e-6, config=cfg))
+                f = graphed(lambda: M.mhc_post_pre(x, residual, post, comb, fn, scale, base, 1e-6, 1e-6, config=cfg))
                 t = t_us(f)
             except Exception as exc:  # noqa: BLE001
                 print(f"mhc fused {cfg}: {type(exc).__name__} {exc}"[:300], flush=True)

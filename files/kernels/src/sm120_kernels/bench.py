@@ -42,23 +42,19 @@ def copy_bandwidth(device) -> float:
 def stream_time_us(calls, min_calls: int = 32, rep_ms: int = 200):
     """Per-call time of `calls` (one per input set) back to back in one CUDA
     graph, cycled to at least `min_calls` calls; returns (us, calls timed)."""
-    import torch
     from triton.testing import do_bench
 
+    from .registry import graphed
+
     reps = len(calls) * -(-min_calls // len(calls))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up off the capture: compiles, allocator pools
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def all_calls():
         for i in range(reps):
             calls[i % len(calls)]()
-    ms = do_bench(graph.replay, warmup=10, rep=rep_ms, return_mode="median")
-    del graph
+
+    replay = graphed(all_calls, warmup=1)
+    ms = do_bench(replay, warmup=10, rep=rep_ms, return_mode="median")
+    del replay  # the graph's memory
     return ms * 1e3 / reps, reps
 
 

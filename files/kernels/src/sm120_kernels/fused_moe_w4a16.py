@@ -758,7 +758,7 @@ TUNE_FAMILIES = {
 
 def _bench_moe(model, batch):
     from .models import ep_share_routing
-    from .registry import BenchSpec, stream_sets
+    from .registry import BenchSpec, graphed, stream_sets
 
     def make(device):
         W = _model_weights(model, device)
@@ -774,20 +774,10 @@ def _bench_moe(model, batch):
         call()
         torch.cuda.synchronize()
         fn = call
-        graph = None
         try:
             # decode runs under CUDA graphs in SGLang; time the same way
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                call()
-            torch.cuda.current_stream().wait_stream(s)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                call()
-            fn = graph.replay
+            fn = graphed(call, warmup=1)
         except Exception as exc:  # keep eager timing, say so
-            graph = None
             print(f"# graph capture failed for {model.name} b={batch}: {exc}")
         # in-stream sets: the same batch routed to other local experts (ids
         # shifted), so back-to-back calls read other weights, as successive
@@ -807,8 +797,7 @@ def _bench_moe(model, batch):
             fn=fn, bytes=nbytes, stream_calls=stream_calls,
             ref_fn=lambda: moe_w4a16_reference(x, W_ref, tw, ids, **kw),
             extra={"model": model.name, "fmt": model.fmt, "active_experts": len(active),
-                   "local_slots": int((ids >= 0).sum().item()), "cuda_graph": graph is not None,
-                   "_graph": graph})
+                   "local_slots": int((ids >= 0).sum().item()), "cuda_graph": fn is not call})
 
     return make
 

@@ -884,23 +884,9 @@ def selftest_cases():
     ]
 
 
-def _graphed(fn):
-    """Capture fn in a CUDA graph (as SGLang's decode runs it); return replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
-
-
 def bench_cases():
     """BenchCase list: bytes = the KV pages it must read (+ q, weights, output)."""
-    from .registry import BenchCase, BenchSpec, stream_sets
+    from .registry import BenchCase, BenchSpec, graphed, stream_sets
 
     def setup(batch, next_n, ctx_len, with_topk):
         def make(device):
@@ -927,7 +913,7 @@ def bench_cases():
             fn, args = call_on(7)
             stream_calls = [fn] + [call_on(8 + i)[0] for i in range(stream_sets(nbytes, device) - 1)]
             return BenchSpec(
-                fn=_graphed(fn),
+                fn=graphed(fn),
                 bytes=nbytes,
                 ref_fn=lambda: _torch_sm120_like(*args),
                 stream_calls=stream_calls,

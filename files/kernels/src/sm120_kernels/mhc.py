@@ -1116,8 +1116,7 @@ def selftest_cases():
 def bench_cases():
     """mHC pre + post (3 launches) and the fused post+pre (2 launches), each
     captured in a CUDA graph as SGLang's decode runs them."""
-    from .indexer import _graphed
-    from .registry import BenchCase, BenchSpec, stream_sets
+    from .registry import BenchCase, BenchSpec, graphed, stream_sets
 
     def setup(n, which):
         def make(device):
@@ -1160,7 +1159,7 @@ def bench_cases():
             fn_, ref = call_on(11)
             stream_calls = [fn_] + [call_on(12 + i)[0] for i in range(stream_sets(nbytes, device) - 1)]
             return BenchSpec(
-                fn=_graphed(fn_),
+                fn=graphed(fn_),
                 bytes=nbytes,
                 ref_fn=ref,
                 stream_calls=stream_calls,

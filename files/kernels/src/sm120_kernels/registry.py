@@ -44,6 +44,25 @@ class BenchSpec:
     stream_calls: list = field(default_factory=list)
 
 
+def graphed(fn: Callable[[], object], warmup: int = 2) -> Callable[[], None]:
+    """fn captured in one CUDA graph, as SGLang's decode runs it; returns the
+    graph's replay. fn runs `warmup` times first on a side stream, outside the
+    capture (kernel compiles, allocator pools)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def stream_sets(bytes_per_call: int, device, cap: int = 64) -> int:
     """How many distinct input sets back-to-back calls must rotate through so
     that no call finds its inputs in the L2: together at least twice its size."""
