@@ -1,8 +1,10 @@
 """Time fragment-kernel launch variants (VARIANTS, on top of the shipped
-config, one GEMM at a time) on the bench cases (CUDA-graph replay, L2 cleared,
-medians), each checked against the reference first.
+config, one GEMM at a time; --both: also on both GEMMs at once) on the bench
+cases, both bench figures (single call: CUDA-graph replay, L2 cleared; in
+stream: the bench's input sets back to back in one graph; medians), each
+checked against the reference first.
 
-    PYTHONPATH=src python3 scripts/moe_sweep.py [batch ...]
+    PYTHONPATH=src python3 scripts/moe_sweep.py [--both] [batch ...]
 """
 import sys
 
@@ -10,6 +12,7 @@ import torch
 from triton.testing import do_bench
 
 from sm120_kernels import fused_moe_w4a16 as M
+from sm120_kernels.bench import stream_time_us
 from sm120_kernels.configs import get_config
 from sm120_kernels.models import MODELS, ep_share_routing
 from sm120_kernels.registry import compare, graphed
@@ -21,7 +24,8 @@ VARIANTS = [("pipe", True), ("pipe", False), ("depth", 1), ("depth", 2)]
 
 def main():
     dev = torch.device("cuda")
-    batches = [int(b) for b in sys.argv[1:]] or [1, 8, 64]
+    both = "--both" in sys.argv
+    batches = [int(b) for b in sys.argv[1:] if b != "--both"] or [1, 8, 64]
     for model in MODELS:
         W = M._model_weights(model, dev)
         for b in batches:
@@ -33,13 +37,25 @@ def main():
             o = torch.empty_like(x)
             variants = [(f"{part} {key}={val}", {**shipped, part: {**shipped[part], key: val}})
                         for part in ("gate_up", "down") for key, val in VARIANTS]
+            if both:
+                variants += [(f"both {key}={val}", {**shipped, **{part: {**shipped[part], key: val}
+                                                                    for part in ("gate_up", "down")}})
+                             for key, val in VARIANTS]
             for name, cfg in [("shipped", shipped)] + variants:
+                if cfg == shipped and name != "shipped":
+                    continue
                 out = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, **kw)
                 res = compare(out, ref)
                 replay = graphed(lambda cfg=cfg: M.fused_moe_w4a16(x, W, tw, ids, out=o, config=cfg, **kw), warmup=1)
                 t = do_bench(replay, warmup=10, rep=80, return_mode="median") * 1e3
-                print(f"{model.name:18s} b{b:<3d} {name:22s} {t:7.1f} us  {'ok' if res.ok else 'FAIL ' + res.detail}",
-                      flush=True)
+                del replay
+                M._BENCH_CONFIG_OVERRIDE[(model.fmt, b)] = cfg
+                spec = M._bench_moe(model, b)(dev)
+                ts = stream_time_us(spec.stream_calls)[0]
+                del spec
+                M._BENCH_CONFIG_OVERRIDE.pop((model.fmt, b))
+                print(f"{model.name:18s} b{b:<3d} {name:22s} {t:7.1f} us  in stream {ts:7.1f} us  "
+                      f"{'ok' if res.ok else 'FAIL ' + res.detail}", flush=True)
 
 
 if __name__ == "__main__":
