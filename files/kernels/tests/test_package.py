@@ -72,3 +72,45 @@ def test_bench_plot_writes_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # only the MoE panels are one GPU's EP8 share
     assert titles == ["DeepSeek-V4-Flash indexer", "Kimi-K2.5 MoE, EP8 share"]
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
+    """bench --tune keeps the fastest candidate per GEMM, then at batch 1 the
+    fastest one-token grid (direct_split 1, 2, 3, top_k, the rule) or the
+    four-launch path; other batches get no one-token keys. Timings are faked
+    from the config under trial (no GPU)."""
+    from types import SimpleNamespace
+
+    from sm120_kernels import bench
+    from sm120_kernels import fused_moe_w4a16 as M
+    from sm120_kernels.models import MODELS
+
+    model = next(m for m in MODELS if m.fmt == "int4")
+    key = (model.fmt, batch)
+    tried = []
+
+    def fake_time(cfg):
+        gu, down = cfg["gate_up"], cfg["down"]
+        t = 100.0 - 5 * gu["num_warps"] / 16 - 3 * down.get("RT", 1) - 2 * down.get("depth", 1)
+        t -= {None: 0, 1: 1, 2: 4, 3: 2, model.top_k: 3}[gu.get("direct_split")]
+        return t + (50 if cfg.get("direct") is False else 0)
+
+    def make(dev):
+        cfg = M._BENCH_CONFIG_OVERRIDE[key]
+        tried.append(cfg)
+        return SimpleNamespace(stream_calls=[cfg], fn=None)
+
+    monkeypatch.setattr(bench, "stream_time_us", lambda calls, **kw: (fake_time(calls[0]), 16))
+    monkeypatch.setitem(M._BENCH_CONFIG_OVERRIDE, key, None)
+    case = SimpleNamespace(name=f"moe b{batch}", group=model.name, batch=batch, make=make)
+    best = bench._tune(case, "cpu", None)
+    assert best["gate_up"]["num_warps"] == 16 and best["down"]["RT"] == 2 and best["down"]["depth"] == 2
+    if batch == 1:
+        assert best["gate_up"]["direct_split"] == 2 and best.get("direct", True)
+        splits = {c["gate_up"].get("direct_split") for c in tried}
+        assert splits == {None, 1, 2, 3, model.top_k}
+        assert any(c.get("direct") is False for c in tried)
+    else:
+        assert all("direct_split" not in c["gate_up"] and "direct" not in c for c in tried)
+    assert M._BENCH_CONFIG_OVERRIDE[key] == best

@@ -96,9 +96,37 @@ def plot(rows, path, device_name, bw) -> list[str]:
     return [ax.get_title() for ax in axes[0]]
 
 
+def _time_trial(case, dev, do_bench, key, trial, label):
+    """In-stream time (s) of the case with config `trial`, or None if it fails."""
+    from . import fused_moe_w4a16 as M
+
+    M._BENCH_CONFIG_OVERRIDE[key] = trial
+    try:
+        spec = case.make(dev)
+        if spec.stream_calls:
+            t_us, _ = stream_time_us(spec.stream_calls, min_calls=16, rep_ms=40)
+            return t_us * 1e-3
+        return do_bench(spec.fn, warmup=5, rep=40, return_mode="median")
+    except Exception as exc:
+        print(f"# tune {case.name} {label}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+
+
+def one_token_trials(cfg: dict, top_k: int) -> list:
+    """Batch 1: the one-token gate/up grid (direct_split: the rule, or 1, 2, 3
+    or top_k programs per row tile sharing the token's slots) and the
+    four-launch path, on top of the tuned launch shapes."""
+    trials = [cfg]
+    for split in sorted({1, 2, 3, top_k}):
+        trials.append({**cfg, "gate_up": {**cfg["gate_up"], "direct_split": split}})
+    trials.append({**cfg, "direct": False})
+    return trials
+
+
 def _tune(case, dev, do_bench):
     """Per kernel family: fastest gate_up (with the family's first down), then
-    fastest down; the faster family wins."""
+    fastest down; the faster family wins. Batch 1 then tries the one-token
+    grids (one_token_trials)."""
     from . import fused_moe_w4a16 as M
     from .models import MODELS
 
@@ -111,25 +139,20 @@ def _tune(case, dev, do_bench):
         for kernel, cands in (("gate_up", gus), ("down", downs)):
             timings = []
             for cand in cands:
-                trial = dict(best)
-                trial[kernel] = cand
-                M._BENCH_CONFIG_OVERRIDE[key] = trial
-                try:
-                    spec = case.make(dev)
-                    if spec.stream_calls:
-                        t_us, _ = stream_time_us(spec.stream_calls, min_calls=16, rep_ms=40)
-                        timings.append((t_us * 1e-3, cand))
-                    else:
-                        timings.append((do_bench(spec.fn, warmup=5, rep=40, return_mode="median"), cand))
-                    del spec
-                except Exception as exc:
-                    print(f"# tune {case.name} {kernel} {cand}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                t = _time_trial(case, dev, do_bench, key, {**best, kernel: cand}, f"{kernel} {cand}")
+                if t is not None:
+                    timings.append((t, cand))
             if timings:
                 best_t, best[kernel] = min(timings, key=lambda t: t[0])
         if best_t is not None:
             print(f"# tune {case.name} {fam}: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
             winners.append((best_t, best))
     best = min(winners, key=lambda t: t[0])[1]
+    if case.batch == 1 and best["gate_up"].get("NT", 1) == 1:
+        timings = [(t, trial) for trial in one_token_trials(best, model.top_k)
+                   if (t := _time_trial(case, dev, do_bench, key, trial, f"one-token {trial}")) is not None]
+        best_t, best = min(timings, key=lambda t: t[0])
+        print(f"# tune {case.name} one-token grid: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
     M._BENCH_CONFIG_OVERRIDE[key] = best
     return best
 
