@@ -3,7 +3,6 @@ every shipped config, GPU tests (marked gpu) at the real shapes."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from importlib import resources
@@ -126,9 +125,9 @@ def test_pdl_launch_follows_config_rows_and_override(monkeypatch):
     assert h200["post"]["pdl_max_rows"] == h200["pre_fused"]["pdl_max_rows"] == 8
     default = load_configs("mhc", "NVIDIA RTX PRO 6000 Blackwell Server Edition")
     assert not any(v.get("pdl") for v in default.values())
-    # the H200 file is the default plus the PDL keys
+    # the H200 file extends the default: its entries merged over the default's
     strip = {k: {kk: vv for kk, vv in v.items() if not kk.startswith("pdl")} for k, v in h200.items()}
-    assert strip == default
+    assert strip == default and h200["pre_fused"]["large"] == default["pre_fused"]["large"]
 
 
 # ---------------------------------------------------------------- sm_120 cross-compile
@@ -186,12 +185,14 @@ PRE_FUSED_SIG = {
 
 
 def _shipped_mhc_configs():
+    from sm120_kernels.indexer import load_config_file
+
     root = resources.files("sm120_kernels").joinpath("configs")
     out = []
     for f in sorted(root.iterdir(), key=lambda p: p.name):
         if f.name.startswith("mhc-") and f.name.endswith(".json"):
-            for key, cfg in json.loads(f.read_text()).items():
-                if not key.startswith("_") and isinstance(cfg, dict):
+            for key, cfg in load_config_file(f.name).items():
+                if isinstance(cfg, dict):
                     out.append((f.name, key, cfg))
     return out
 

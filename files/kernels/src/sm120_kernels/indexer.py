@@ -261,10 +261,28 @@ def _device_name(device: Optional[torch.device]) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=None)
+def load_config_file(name: str) -> dict:
+    """The entries of ``configs/<name>`` (keys starting with "_" dropped). A
+    file with ``"_extends": "<other file>"`` is that file's entries with its
+    own merged over them, entry by entry."""
+    import json
+    from importlib import resources
+
+    data = json.loads(resources.files(__package__).joinpath("configs", name).read_text())
+    merged = dict(load_config_file(data["_extends"])) if "_extends" in data else {}
+    for key, value in data.items():
+        if key.startswith("_"):
+            continue
+        base = merged.get(key)
+        merged[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
+    return merged
+
+
+@functools.lru_cache(maxsize=None)
 def load_configs(prefix: str, device_name: Optional[str]) -> dict:
     """``configs/<prefix>-<device>.json`` (device name with non-alphanumeric
-    runs as "_"), else ``configs/<prefix>-default.json``, else {}."""
-    import json
+    runs as "_"), else ``configs/<prefix>-default.json``, else {}
+    (load_config_file)."""
     import re
     from importlib import resources
 
@@ -274,10 +292,8 @@ def load_configs(prefix: str, device_name: Optional[str]) -> dict:
         names.append(f"{prefix}-" + re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_") + ".json")
     names.append(f"{prefix}-default.json")
     for name in names:
-        f = root.joinpath(name)
-        if f.is_file():
-            data = json.loads(f.read_text())
-            return {k: v for k, v in data.items() if not k.startswith("_")}
+        if root.joinpath(name).is_file():
+            return load_config_file(name)
     return {}
 
 
