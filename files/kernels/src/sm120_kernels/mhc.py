@@ -589,8 +589,12 @@ def _stage1(
     n, hc, d = residual.shape
     do_post = x is not None
     do_gemm = fn is not None
-    kind, default = (("stage1_fused", DEFAULT_FUSED_CONFIG) if do_post else ("stage1", DEFAULT_STAGE1_CONFIG)) \
-        if do_gemm else ("post", DEFAULT_POST_CONFIG)
+    if do_gemm and do_post:
+        kind, default = "stage1_fused", DEFAULT_FUSED_CONFIG
+    elif do_gemm:
+        kind, default = "stage1", DEFAULT_STAGE1_CONFIG
+    else:
+        kind, default = "post", DEFAULT_POST_CONFIG
     cfg = _resolve(kind, default, config, residual.device)
     bm, chunk, bd = int(cfg["block_m"]), int(cfg["chunk_d"]), int(cfg["block_d"])
     if do_gemm:
