@@ -34,9 +34,7 @@ def rec(**kw):
 
 @triton.jit
 def _tiny(p, PDL: tl.constexpr):
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    H._pdl_prologue(PDL)
     tl.store(p + tl.program_id(0), tl.program_id(0))
 
 
@@ -46,7 +44,7 @@ def floor():
         for pdl in (False, True):
             meta = {"launch_pdl": True} if pdl else {}
             calls = [lambda: _tiny[(grid,)](p, PDL=pdl, num_warps=4, **meta)]
-            us, n = stream_time_us(calls, min_calls=64)
+            us, _ = stream_time_us(calls, min_calls=64)
             rec(kind="floor", grid=grid, pdl=pdl, us_per_kernel=round(us, 2))
 
 
