@@ -19,10 +19,9 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
 from sm120_kernels import mhc as H
-from sm120_kernels.bench import copy_bandwidth, stream_time_us
+from sm120_kernels.bench import bench_figures, copy_bandwidth, stream_time_us
 from sm120_kernels.registry import graphed
 
 dev = torch.device("cuda")
@@ -46,13 +45,6 @@ def floor():
             calls = [lambda: _tiny[(grid,)](p, PDL=pdl, num_warps=4, **meta)]
             us, _ = stream_time_us(calls, min_calls=64)
             rec(kind="floor", grid=grid, pdl=pdl, us_per_kernel=round(us, 2))
-
-
-def timed(spec_fn, stream_calls):
-    t = do_bench(spec_fn, warmup=25, rep=200, return_mode="median") * 1e3
-    ts, _ = stream_time_us(stream_calls)
-    ts2, _ = stream_time_us(stream_calls)
-    return round(t, 2), round(ts, 2), round(ts2, 2)
 
 
 # SM120_MHC_PDL: None = the device's config file
@@ -86,9 +78,9 @@ def mhc_part(bw):
         rec(kind="mhc_repeat", pdl=pdl, y=H.rel_err(y, ry), post=H.rel_err(p_, rp), comb=H.rel_err(c, rc))
         for case in H.bench_cases():
             spec = case.make(dev)
-            t, ts, ts2 = timed(spec.fn, spec.stream_calls)
-            rec(kind="mhc_time", pdl=pdl, case=case.name, single_us=t, stream_us=ts, stream_us2=ts2,
-                stream_bw=round(spec.bytes / (ts * 1e-6) / bw, 3), bound_us=round(spec.bytes / bw * 1e6, 2))
+            f = bench_figures(spec, bw)
+            rec(kind="mhc_time", pdl=pdl, case=case.name, single_us=f["time_us"], stream_us=f["stream_us"],
+                stream_us2=f["stream_us_repeat"], stream_bw=f["stream_bw_fraction"], bound_us=f["bound_us"])
         # pre alone and post alone, in stream (16 input sets)
         for n in (8, 64):
             sets = [H.make_inputs(n, H.HIDDEN, device="cuda", seed=50 + i) for i in range(16)]

@@ -58,6 +58,28 @@ def stream_time_us(calls, min_calls: int = 32, rep_ms: int = 200):
     return ms * 1e3 / reps, reps
 
 
+def bench_figures(spec, bw: float) -> dict:
+    """Both figures of one BenchSpec, each timed twice (medians): the single
+    call (spec.fn: one CUDA-graph replay, L2 cleared before each) and, when the
+    spec has stream_calls, the per-call time in stream; bytes over each time
+    as a fraction of the copy bandwidth bw (bytes/s)."""
+    from triton.testing import do_bench
+
+    t = do_bench(spec.fn, warmup=25, rep=200, return_mode="median") * 1e3
+    t2 = do_bench(spec.fn, warmup=5, rep=100, return_mode="median") * 1e3
+    row = {"time_us": round(t, 2), "time_us_repeat": round(t2, 2), "bytes": spec.bytes,
+           "GBps": round(spec.bytes / (t * 1e-6) / 1e9, 1),
+           "bw_fraction": round(spec.bytes / (t * 1e-6) / bw, 3),
+           "bound_us": round(spec.bytes / bw * 1e6, 2)}
+    if spec.stream_calls:
+        ts, reps = stream_time_us(spec.stream_calls)
+        ts2, _ = stream_time_us(spec.stream_calls)
+        row.update({"stream_us": round(ts, 2), "stream_us_repeat": round(ts2, 2),
+                    "stream_calls": reps, "stream_input_sets": len(spec.stream_calls),
+                    "stream_bw_fraction": round(spec.bytes / (ts * 1e-6) / bw, 3)})
+    return row
+
+
 def plot(rows, path, device_name, bw) -> list[str]:
     """One panel per case group, written to path; returns the panel titles."""
     import matplotlib
@@ -201,19 +223,8 @@ def main(argv=None) -> int:
         if args.tune and case.name.startswith("moe_w4a16"):
             tuned[(case.group, case.batch)] = _tune(case, dev, do_bench)
         spec = case.make(dev)
-        t = do_bench(spec.fn, warmup=25, rep=200, return_mode="median") * 1e3
-        t2 = do_bench(spec.fn, warmup=5, rep=100, return_mode="median") * 1e3
-        row = {"case": case.name, "group": case.group, "batch": case.batch,
-               "time_us": round(t, 2), "time_us_repeat": round(t2, 2), "bytes": spec.bytes,
-               "GBps": round(spec.bytes / (t * 1e-6) / 1e9, 1),
-               "bw_fraction": round(spec.bytes / (t * 1e-6) / bw, 3),
-               "bound_us": round(spec.bytes / bw * 1e6, 2)}
-        if spec.stream_calls:
-            ts, reps = stream_time_us(spec.stream_calls)
-            ts2, _ = stream_time_us(spec.stream_calls)
-            row.update({"stream_us": round(ts, 2), "stream_us_repeat": round(ts2, 2),
-                        "stream_calls": reps, "stream_input_sets": len(spec.stream_calls),
-                        "stream_bw_fraction": round(spec.bytes / (ts * 1e-6) / bw, 3)})
+        row = {"case": case.name, "group": case.group, "batch": case.batch, **bench_figures(spec, bw)}
+        t = row["time_us"]
         row.update({k: v for k, v in spec.extra.items() if not k.startswith("_")})
         judged = row.get("stream_us", t)
         if spec.ref_fn is not None and not args.no_ref:
