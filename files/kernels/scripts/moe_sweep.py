@@ -4,7 +4,9 @@ cases, both bench figures (single call: CUDA-graph replay, L2 cleared; in
 stream: the bench's input sets back to back in one graph; medians), each
 checked against the reference first.
 
-    PYTHONPATH=src python3 scripts/moe_sweep.py [--both] [batch ...]
+    PYTHONPATH=src python3 scripts/moe_sweep.py [--both] [--key KEY] [batch ...]
+
+--key KEY: only the variants of that config key.
 """
 import sys
 
@@ -24,8 +26,11 @@ VARIANTS = [("pipe", True), ("pipe", False), ("depth", 1), ("depth", 2)]
 
 def main():
     dev = torch.device("cuda")
-    both = "--both" in sys.argv
-    batches = [int(b) for b in sys.argv[1:] if b != "--both"] or [1, 8, 64]
+    args = sys.argv[1:]
+    both = "--both" in args
+    only_key = args[args.index("--key") + 1] if "--key" in args else None
+    variants_tried = [(k, v) for k, v in VARIANTS if only_key in (None, k)]
+    batches = [int(b) for b in args if b.isdigit()] or [1, 8, 64]
     for model in MODELS:
         W = M._model_weights(model, dev)
         for b in batches:
@@ -36,11 +41,11 @@ def main():
             ref = M.moe_w4a16_reference(x, W, tw, ids, **kw)
             o = torch.empty_like(x)
             variants = [(f"{part} {key}={val}", {**shipped, part: {**shipped[part], key: val}})
-                        for part in ("gate_up", "down") for key, val in VARIANTS]
+                        for part in ("gate_up", "down") for key, val in variants_tried]
             if both:
                 variants += [(f"both {key}={val}", {**shipped, **{part: {**shipped[part], key: val}
                                                                     for part in ("gate_up", "down")}})
-                             for key, val in VARIANTS]
+                             for key, val in variants_tried]
             for name, cfg in [("shipped", shipped)] + variants:
                 if cfg == shipped and name != "shipped":
                     continue
