@@ -5,10 +5,8 @@ stream: the bench's input sets back to back in one graph; medians), each
 checked against the reference first.
 
     PYTHONPATH=src python3 scripts/moe_sweep.py [--both] [--key KEY] [batch ...]
-
---key KEY: only the variants of that config key.
 """
-import sys
+import argparse
 
 import torch
 from triton.testing import do_bench
@@ -25,15 +23,16 @@ VARIANTS = [("pipe", True), ("pipe", False), ("depth", 1), ("depth", 2)]
 
 
 def main():
+    ap = argparse.ArgumentParser(prog="scripts/moe_sweep.py")
+    ap.add_argument("batches", nargs="*", type=int, default=[1, 8, 64])
+    ap.add_argument("--both", action="store_true", help="also each variant on both GEMMs at once")
+    ap.add_argument("--key", choices=sorted({k for k, _ in VARIANTS}), help="only the variants of this config key")
+    args = ap.parse_args()
     dev = torch.device("cuda")
-    args = sys.argv[1:]
-    both = "--both" in args
-    only_key = args[args.index("--key") + 1] if "--key" in args else None
-    variants_tried = [(k, v) for k, v in VARIANTS if only_key in (None, k)]
-    batches = [int(b) for b in args if b.isdigit()] or [1, 8, 64]
+    variants_tried = [(k, v) for k, v in VARIANTS if args.key in (None, k)]
     for model in MODELS:
         W = M._model_weights(model, dev)
-        for b in batches:
+        for b in args.batches:
             shipped = get_config(model.fmt, b)
             tw, ids, active = ep_share_routing(model, b, dev, seed=1000 + b)
             x = torch.randn((b, model.hidden), device=dev).to(torch.bfloat16)
@@ -42,7 +41,7 @@ def main():
             o = torch.empty_like(x)
             variants = [(f"{part} {key}={val}", {**shipped, part: {**shipped[part], key: val}})
                         for part in ("gate_up", "down") for key, val in variants_tried]
-            if both:
+            if args.both:
                 variants += [(f"both {key}={val}", {**shipped, **{part: {**shipped[part], key: val}
                                                                     for part in ("gate_up", "down")}})
                              for key, val in variants_tried]
