@@ -60,7 +60,7 @@ def _gemm_variants():
             for bucket, cfgs in data[fmt].items():
                 for kernel, gated in (("gate_up", True), ("down", False)):
                     c = cfgs[kernel]
-                    sig = dict(FRAG_SIG, s_ptr=ptr["u8"] if fmt == "nvfp4" else ptr["bf16"],
+                    sig = dict(FRAG_SIG, s_ptr="*i16",  # scale fragments (frag_pack_scales)
                                out_ptr=ptr["bf16"] if gated else ptr["f32"])
                     k_words = (model.hidden if gated else model.inter) // 64
                     const = dict(FMT=M.FORMATS.index(fmt), GATED=gated, X_IS_SORTED=not gated,

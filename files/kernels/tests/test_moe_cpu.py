@@ -172,6 +172,34 @@ def test_frag_pack_layout():
     assert bits == list(range(16))
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
+def test_frag_pack_scales_layout(fmt):
+    """frag_pack_scales gives lane (g, q) of row tile rt and K group kg the
+    scales it multiplies by (NVFP4: rows g and g + 8 of group 4 kg + q as the
+    low and high byte; INT4: row g + 8 (q & 1) of group 2 kg + q // 2, the other
+    row being lane q ^ 1's), keeps the bytes, and round-trips."""
+    g = torch.Generator().manual_seed(1)
+    E, N, K = 2, 32, 128
+    per_kg = 4 if fmt == "nvfp4" else 2
+    raw = torch.randint(0, 2**16, (E, N, K // 64 * per_kg), generator=g, dtype=torch.int32)
+    s = raw.to(torch.uint8) if fmt == "nvfp4" else torch.where(raw >= 2**15, raw - 2**16, raw).to(
+        torch.int16).view(torch.bfloat16)
+    sf = F.frag_pack_scales(s, fmt)
+    assert sf.dtype == torch.int16 and sf.shape == (E, N // 16, K // 64, 32)
+    assert sf.numel() * 2 == s.numel() * s.element_size()
+    back = F.frag_unpack_scales(sf, fmt)
+    assert back.dtype == s.dtype and torch.equal(back.view(torch.uint8), s.view(torch.uint8))
+    bits = s.view(torch.uint8).to(torch.int32) if fmt == "nvfp4" else s.view(torch.int16).to(torch.int32) & 0xFFFF
+    for e, rt, kg, lane in ((0, 0, 0, 0), (1, 1, 1, 31), (0, 1, 0, 6), (1, 0, 1, 13)):
+        gi, q = divmod(lane, 4)
+        got = int(sf[e, rt, kg, lane]) & 0xFFFF
+        if fmt == "nvfp4":
+            want = int(bits[e, 16 * rt + gi, 4 * kg + q]) | (int(bits[e, 16 * rt + gi + 8, 4 * kg + q]) << 8)
+        else:
+            want = int(bits[e, 16 * rt + gi + 8 * (q & 1), 2 * kg + q // 2])
+        assert got == want, (fmt, e, rt, kg, lane)
+
+
 def test_unpackable_shapes_stay_in_checkpoint_order():
     W = M.random_weights("int4", 2, 320, 96, "cpu", kn=True)
     assert not W.packed and W.w13.shape == (2, 192, 40)

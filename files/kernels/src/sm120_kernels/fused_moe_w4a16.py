@@ -372,7 +372,8 @@ class W4A16Weights:
     s: scales [E, N, K/group] with arbitrary strides (uint8 e4m3 bits or bf16);
     g: fp32 per-expert global scale [E] (ones for int4).
     packed: w13/w2 are in fused_moe_w4a16_frag's fragment order
-    ([E, N/16, K/64, 32, 4]); scales stay as they are.
+    ([E, N/16, K/64, 32, 4]) and s13/s2 its scale fragments ([E, N/16, K/64,
+    32] int16, frag_pack_scales); scales() gives the checkpoint layout back.
     """
 
     fmt: str
@@ -406,6 +407,15 @@ class W4A16Weights:
 
         return frag_unpack(w, self.fmt)
 
+    def scales(self, which: str) -> torch.Tensor:
+        """s13 or s2 as [E, N, K/group] (unpacked again if packed)."""
+        s = getattr(self, which)
+        if not self.packed:
+            return s
+        from .fused_moe_w4a16_frag import frag_unpack_scales
+
+        return frag_unpack_scales(s, self.fmt)
+
 
 def _as_words(w: torch.Tensor, kn: bool) -> torch.Tensor:
     """Return an int32 [E, N, K/8] view."""
@@ -438,10 +448,12 @@ def make_weights(fmt, w13, s13, w2, s2, g13=None, g2=None, kn=False, pack=True) 
     kernel at every batch size, others on the tensor-core GEMM below."""
     assert fmt in FORMATS
     w13v, w2v = _as_words(w13, kn), _as_words(w2, kn)
+    s13v, s2v = _as_scales(s13, kn), _as_scales(s2, kn)
     if pack and packable(w13v.shape[1], w13v.shape[2] * 8) and packable(w2v.shape[1], w2v.shape[2] * 8):
-        from .fused_moe_w4a16_frag import frag_pack
+        from .fused_moe_w4a16_frag import frag_pack, frag_pack_scales
 
         w13v, w2v = frag_pack(w13v, fmt), frag_pack(w2v, fmt)
+        s13v, s2v = frag_pack_scales(s13v, fmt), frag_pack_scales(s2v, fmt)
     else:
         pack = False
     e = w13v.shape[0]
@@ -452,7 +464,7 @@ def make_weights(fmt, w13, s13, w2, s2, g13=None, g2=None, kn=False, pack=True) 
         g2 = torch.ones(e, dtype=torch.float32, device=dev)
     g13 = g13.reshape(e, -1)[:, 0].float().contiguous()
     g2 = g2.reshape(e, -1)[:, 0].float().contiguous()
-    return W4A16Weights(fmt, w13v, _as_scales(s13, kn), g13, w2v, _as_scales(s2, kn), g2, packed=pack)
+    return W4A16Weights(fmt, w13v, s13v, g13, w2v, s2v, g2, packed=pack)
 
 
 def _use_asm() -> bool:
@@ -607,12 +619,13 @@ def moe_w4a16_reference(
     acc = torch.zeros((T, H), dtype=torch.float32, device=x.device)
     ids = topk_ids.long()
     words13, words2 = weights.words("w13"), weights.words("w2")
+    s13, s2 = weights.scales("s13"), weights.scales("s2")
     for e in torch.unique(ids).tolist():
         if e < 0 or e >= E:
             continue
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
-        w13 = dequant_reference(weights.fmt, words13[e], weights.s13[e], weights.g13[e])
-        w2 = dequant_reference(weights.fmt, words2[e], weights.s2[e], weights.g2[e])
+        w13 = dequant_reference(weights.fmt, words13[e], s13[e], weights.g13[e])
+        w2 = dequant_reference(weights.fmt, words2[e], s2[e], weights.g2[e])
         h = x[tok].float() @ w13.float().t()
         gate, up = h[:, :I], h[:, I:]
         if swiglu_limit:
@@ -792,7 +805,7 @@ def _bench_moe(model, batch):
             stream_calls.append(lambda x_i=x_i, ids_i=ids_i, out_i=out_i:
                                 fused_moe_w4a16(x_i, W, tw, ids_i, out=out_i, config=cfg, **kw))
         # the reference reads checkpoint-order words: unpack once, outside the timing
-        W_ref = W4A16Weights(W.fmt, W.words("w13"), W.s13, W.g13, W.words("w2"), W.s2, W.g2)
+        W_ref = W4A16Weights(W.fmt, W.words("w13"), W.scales("s13"), W.g13, W.words("w2"), W.scales("s2"), W.g2)
         return BenchSpec(
             fn=fn, bytes=nbytes, stream_calls=stream_calls,
             ref_fn=lambda: moe_w4a16_reference(x, W_ref, tw, ids, **kw),

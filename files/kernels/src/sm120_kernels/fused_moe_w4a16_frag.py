@@ -95,6 +95,41 @@ def frag_pack(words: torch.Tensor, fmt: str) -> torch.Tensor:
     return out
 
 
+def frag_pack_scales(s: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Block scales [E, N, G] (e4m3 bytes as uint8, or bf16) -> int16
+    [E, N/16, K/64, 32]: what lane (g, q) of row tile rt needs for K group kg,
+    so a warp's scales of a K group are one 64-byte load. NVFP4: the e4m3 bytes
+    of rows g (low byte) and g + 8 (high) for its 16 columns' group 4 kg + q.
+    INT4: the bf16 of row g + 8 (q & 1) for group 2 kg + q // 2; the lane gets
+    its other row from lane q ^ 1 (one shuffle). Same bytes as the checkpoint's."""
+    E, N, G = s.shape
+    per_kg = 4 if fmt == "nvfp4" else 2
+    assert N % 16 == 0 and G % per_kg == 0, (s.shape, fmt)
+    KG = G // per_kg
+    if fmt == "nvfp4":
+        b = s.contiguous().view(torch.uint8).to(torch.int32).view(E, N // 16, 2, 8, KG, 4)  # rt rh g kg q
+        out = b[:, :, 0] | (b[:, :, 1] << 8)  # e rt g kg q
+        out = out.permute(0, 1, 3, 2, 4)  # e rt kg g q
+    else:
+        b = s.contiguous().view(torch.int16).view(E, N // 16, 2, 8, KG, 2)  # rt rh g kg qh
+        out = b.permute(0, 1, 4, 3, 5, 2)  # e rt kg g qh rh: lane q = 2 qh + rh
+    out = out.reshape(E, N // 16, KG, 32)
+    return torch.where(out >= 2**15, out - 2**16, out).to(torch.int16).contiguous()
+
+
+def frag_unpack_scales(sf: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Inverse of frag_pack_scales (tests, the reference): [E, N, G] uint8 or bf16."""
+    E, RT, KG, _ = sf.shape
+    v = sf.to(torch.int32) & 0xFFFF
+    if fmt == "nvfp4":
+        v = v.view(E, RT, KG, 8, 4).permute(0, 1, 3, 2, 4)  # e rt g kg q
+        out = torch.stack((v & 0xFF, v >> 8), dim=2)  # e rt rh g kg q
+        return out.reshape(E, RT * 16, KG * 4).to(torch.uint8)
+    v = v.view(E, RT, KG, 8, 2, 2).permute(0, 1, 5, 3, 2, 4)  # e rt rh g kg qh
+    v = v.reshape(E, RT * 16, KG * 2)
+    return torch.where(v >= 2**15, v - 2**16, v).to(torch.int16).view(torch.bfloat16)
+
+
 def _bit_positions(fmt: str, device):
     """Where value i (= 4 hi + r) of a word starts: INT4 nibble 4i; NVFP4 its
     sign bit and its exponent/mantissa field."""
@@ -325,17 +360,32 @@ def _ld_x(p, valid, INTERP: tl.constexpr):
 
 @triton.jit
 def _ld_scale(p, INTERP: tl.constexpr):
-    """One row's block scale for the lane's 16 columns of a K group (raw bits:
-    an e4m3 byte or a bf16)."""
+    """The lane's 16 bits of a row tile's scale fragment for one K group
+    (frag_pack_scales); a warp reads 64 contiguous bytes."""
     if INTERP:
-        if p.dtype.element_ty == tl.uint8:
-            return tl.load(p).to(tl.int32)
-        return tl.load(p.to(tl.pointer_type(tl.int16))).to(tl.int32) & 0xFFFF
-    if p.dtype.element_ty == tl.uint8:
-        return tl.inline_asm_elementwise(asm="ld.global.nc.u8 $0, [$1];", constraints="=r,l", args=[p],
-                                         dtype=tl.int32, is_pure=True, pack=1)
+        return tl.load(p).to(tl.int32) & 0xFFFF
     return tl.inline_asm_elementwise(asm="ld.global.nc.u16 $0, [$1];", constraints="=r,l", args=[p],
                                      dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _lane_xor1(v, NW: tl.constexpr, INTERP: tl.constexpr):
+    """v of lane l ^ 1 (the interpreter swaps neighbouring elements instead)."""
+    if INTERP:
+        a, b = tl.split(tl.reshape(v, (16 * NW, 2)))
+        return tl.reshape(tl.join(b, a), (32 * NW,))
+    return tl.inline_asm_elementwise(asm="shfl.sync.bfly.b32 $0, $1, 1, 0x1f, -1;", constraints="=r,r", args=[v],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _scale_rows(v, tq, FMT: tl.constexpr, NW: tl.constexpr, INTERP: tl.constexpr):
+    """A lane's scale fragment -> the raw scales of its rows g and g + 8."""
+    if FMT == 0:
+        return v & 0xFF, v >> 8
+    other = _lane_xor1(v, NW, INTERP)
+    odd = (tq % 2) == 1  # this lane holds row g + 8, its neighbour row g
+    return tl.where(odd, other, v), tl.where(odd, v, other)
 
 
 @triton.jit
@@ -374,22 +424,19 @@ def _scale_pairs(lo, hi, ok, FMT: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl
 
 
 @triton.jit
-def _load_tile(wp, sp, sp_hi, kg, FMT: tl.constexpr, INTERP: tl.constexpr):
-    """One row tile's raw words (four K tiles) and the lane's two rows' scales
+def _load_tile(wp, sp, kg, INTERP: tl.constexpr):
+    """One row tile's raw words (four K tiles) and the lane's scale fragment
     (the lane's 16 columns of the group lie in one scale group)."""
     w0, w1, w2, w3 = _ld_words(wp + kg * 128, INTERP)
-    if FMT == 0:
-        step = 4  # scale groups of 16 per K group of 64
-    else:
-        step = 2  # of 32
-    return (w0, w1, w2, w3, _ld_scale(sp + kg * step, INTERP), _ld_scale(sp_hi + kg * step, INTERP))
+    return (w0, w1, w2, w3, _ld_scale(sp + kg * 32, INTERP))
 
 
 @triton.jit
-def _tile_step(acc, raw, xs, ok, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
+def _tile_step(acc, raw, xs, ok, tq, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
                EVEN_K: tl.constexpr, INTERP: tl.constexpr):
     """acc (4 NT fp32 per lane) += one row tile's K group (four MMAs)."""
-    s_lo, s_hi = _scale_pairs(raw[4], raw[5], ok, FMT, EVEN_K, INTERP)
+    lo, hi = _scale_rows(raw[4], tq, FMT, NW, INTERP)
+    s_lo, s_hi = _scale_pairs(lo, hi, ok, FMT, EVEN_K, INTERP)
     for j in tl.static_range(4):
         if NT == 1:
             b = (xs[2 * j], xs[2 * j + 1])
@@ -408,23 +455,23 @@ def _load_x(xb, xb2, valid, valid2, kg, NT: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2, kg, FMT: tl.constexpr, NT: tl.constexpr,
+def _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, kg, NT: tl.constexpr,
                  TWO: tl.constexpr, INTERP: tl.constexpr):
     """Everything one K group needs: the row tiles' words and scales, the
     tokens' activations."""
-    t0 = _load_tile(wp0, sp0, sp0 + 8 * stride_sn, kg, FMT, INTERP)
+    t0 = _load_tile(wp0, sp0, kg, INTERP)
     t1 = t0
     if TWO:
-        t1 = _load_tile(wp1, sp1, sp1 + 8 * stride_sn, kg, FMT, INTERP)
+        t1 = _load_tile(wp1, sp1, kg, INTERP)
     return t0, t1, _load_x(xb, xb2, valid, valid2, kg, NT, INTERP)
 
 
 @triton.jit
-def _group_compute(acc0, acc1, ld, ok, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr,
+def _group_compute(acc0, acc1, ld, ok, tq, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr,
                    EVEN_K: tl.constexpr, INTERP: tl.constexpr):
-    acc0 = _tile_step(acc0, ld[0], ld[2], ok, FMT, NT, NW, EVEN_K, INTERP)
+    acc0 = _tile_step(acc0, ld[0], ld[2], ok, tq, FMT, NT, NW, EVEN_K, INTERP)
     if TWO:
-        acc1 = _tile_step(acc1, ld[1], ld[2], ok, FMT, NT, NW, EVEN_K, INTERP)
+        acc1 = _tile_step(acc1, ld[1], ld[2], ok, tq, FMT, NT, NW, EVEN_K, INTERP)
     return acc0, acc1
 
 
@@ -526,12 +573,9 @@ def _moe_frag_kernel(
                 xb2 = x32 + xr2 * stride_xm + 8 * tq
             wp0 = w_ptr + e * stride_we + tile0 * stride_wt + lane * 4
             wp1 = w_ptr + e * stride_we + tile1 * stride_wt + lane * 4
-            if FMT == 0:
-                sq = tq  # the lane's 16 columns: scale group 4 kg + q
-            else:
-                sq = tq // 2  # group of 32: 2 kg + q // 2
-            sp0 = s_ptr + e * stride_se + (tile0 * 16 + gi).to(tl.int64) * stride_sn + sq
-            sp1 = s_ptr + e * stride_se + (tile1 * 16 + gi).to(tl.int64) * stride_sn + sq
+            # scale fragments (frag_pack_scales): [E, N/16, K/64, 32] int16
+            sp0 = s_ptr + e * stride_se + tile0.to(tl.int64) * stride_sn + lane
+            sp1 = s_ptr + e * stride_se + tile1.to(tl.int64) * stride_sn + lane
             acc0 = _zeros(32 * NW, NT)
             acc1 = acc0
             # software pipeline: the next step's words, scales and activations
@@ -539,32 +583,32 @@ def _moe_frag_kernel(
             # dequantised and multiplied
             kg = warp
             step = NW * DEPTH
-            la = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2, tl.minimum(kg, KG - 1),
-                              FMT, NT, TWO, INTERP)
+            la = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, tl.minimum(kg, KG - 1),
+                              NT, TWO, INTERP)
             lb = la
             if DEPTH == 2:
-                lb = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2, tl.minimum(kg + NW, KG - 1),
-                                  FMT, NT, TWO, INTERP)
+                lb = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, tl.minimum(kg + NW, KG - 1),
+                                  NT, TWO, INTERP)
             for it in range(0, tl.cdiv(KG, step)):
                 ca = la
                 cb = lb
                 ok_a = kg < KG
                 ok_b = kg + NW < KG
                 if PIPE:
-                    la = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
-                                      tl.minimum(kg + step, KG - 1), FMT, NT, TWO, INTERP)
+                    la = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
+                                      tl.minimum(kg + step, KG - 1), NT, TWO, INTERP)
                     if DEPTH == 2:
-                        lb = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
-                                          tl.minimum(kg + step + NW, KG - 1), FMT, NT, TWO, INTERP)
-                acc0, acc1 = _group_compute(acc0, acc1, ca, ok_a, FMT, NT, NW, TWO, EVEN_K, INTERP)
+                        lb = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
+                                          tl.minimum(kg + step + NW, KG - 1), NT, TWO, INTERP)
+                acc0, acc1 = _group_compute(acc0, acc1, ca, ok_a, tq, FMT, NT, NW, TWO, EVEN_K, INTERP)
                 if DEPTH == 2:
-                    acc0, acc1 = _group_compute(acc0, acc1, cb, ok_b, FMT, NT, NW, TWO, EVEN_K, INTERP)
+                    acc0, acc1 = _group_compute(acc0, acc1, cb, ok_b, tq, FMT, NT, NW, TWO, EVEN_K, INTERP)
                 if not PIPE:
-                    la = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
-                                      tl.minimum(kg + step, KG - 1), FMT, NT, TWO, INTERP)
+                    la = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
+                                      tl.minimum(kg + step, KG - 1), NT, TWO, INTERP)
                     if DEPTH == 2:
-                        lb = _group_loads(wp0, wp1, sp0, sp1, stride_sn, xb, xb2, valid, valid2,
-                                          tl.minimum(kg + step + NW, KG - 1), FMT, NT, TWO, INTERP)
+                        lb = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
+                                          tl.minimum(kg + step + NW, KG - 1), NT, TWO, INTERP)
                 kg += step
             g = tl.load(g_ptr + e) * g_mult
             # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
@@ -639,7 +683,9 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     E, RT, KG = Wf.shape[:3]
     assert cfg.get("kernel") == "frag", f"packed weights need a fragment-kernel config, not {cfg}"
     # 16-byte activation loads; scale rows contiguous along K
-    assert x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 and s.stride(2) == 1
+    assert x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0
+    assert s.dtype == torch.int16 and s.shape[1:] == (RT, KG, 32) and s.stride(3) == 1 and s.stride(2) == 32, (
+        "scales must be frag_pack_scales' fragments", s.dtype, s.shape, s.stride())
     nt, nw = cfg["NT"], cfg["num_warps"]
     rt = 1 if gated else cfg.get("RT", 1)
     assert (n_out // 16) % rt == 0

@@ -240,15 +240,18 @@ def _modelopt_weights(layer):
                      s13.data, layer.w2_weight_scale_2.data)
     _rebind(layer.w13_weight, W.w13)
     _rebind(layer.w2_weight, W.w2)
+    if W.packed:
+        _rebind(layer.w13_weight_scale, W.s13)
+        _rebind(layer.w2_weight_scale, W.s2)
     return W
 
 
-def _rebind(param, words):
-    """Point the layer's weight parameter at our repacked words (same bytes,
-    viewed in the parameter's dtype and shape), so the checkpoint-order copy is
-    freed and SGLang still sees the shapes it loaded."""
-    if words.data_ptr() != param.data.data_ptr():
-        param.data = words.view(param.dtype).view(param.shape)
+def _rebind(param, packed):
+    """Point the layer's weight or scale parameter at our repacked tensor (same
+    bytes, viewed in the parameter's dtype and shape), so the checkpoint-order
+    copy is freed and SGLang still sees the shapes it loaded."""
+    if packed.data_ptr() != param.data.data_ptr():
+        param.data = packed.view(param.dtype).view(param.shape)
 
 
 def _ct_weights(method, layer):
@@ -259,15 +262,20 @@ def _ct_weights(method, layer):
     if not getattr(method, "sym", True) or getattr(method, "actorder", None):
         return None
     # SGLang loads compressed-tensors MoE weights transposed: [E, K/8, N];
-    # make_weights repacks the words to fragment order and the scales to
-    # [E, N, K/32]. The layer's parameters become views of the repacked tensors
-    # (same shapes), so the originals are freed.
+    # make_weights repacks the words and the scales to fragment order (or, for
+    # shapes that do not fit it, to [E, N, K/8] and [E, N, K/32]). The layer's
+    # parameters become views of the repacked tensors (same shapes), so the
+    # originals are freed.
     W = make_weights("int4", layer.w13_weight_packed.data, layer.w13_weight_scale.data,
                      layer.w2_weight_packed.data, layer.w2_weight_scale.data, kn=True)
     _rebind(layer.w13_weight_packed, W.w13)
     _rebind(layer.w2_weight_packed, W.w2)
-    layer.w13_weight_scale.data = W.s13.transpose(1, 2)
-    layer.w2_weight_scale.data = W.s2.transpose(1, 2)
+    if W.packed:
+        _rebind(layer.w13_weight_scale, W.s13)
+        _rebind(layer.w2_weight_scale, W.s2)
+    else:
+        layer.w13_weight_scale.data = W.s13.transpose(1, 2)
+        layer.w2_weight_scale.data = W.s2.transpose(1, 2)
     return W
 
 
