@@ -12,7 +12,7 @@ timeout 240 python3 -m pytest -q -rf tests/test_gpu.py -p no:cacheprovider 2>&1 
 timeout 120 python3 -m sm120_kernels.selftest -k moe_w4a16 --json "$OUT/selftest.json" 2>&1 | tail -12
 tune=()
 [ "${TUNE:-1}" = 1 ] && tune=(--tune "$OUT/NVIDIA_H200.json")
-timeout 200 python3 -m sm120_kernels.bench -k moe_w4a16 "${tune[@]}" --json "$OUT/bench.json" --plot "$OUT/bench.png" \
+timeout 450 python3 -m sm120_kernels.bench -k moe_w4a16 "${tune[@]}" --json "$OUT/bench.json" --plot "$OUT/bench.png" \
     2> "$OUT/bench.err" > /dev/null
 grep -v '^# tune' "$OUT/bench.err" | tail -30
 grep '^# tune' "$OUT/bench.err" | cut -c1-220 > "$OUT/tune.txt"

@@ -33,7 +33,14 @@ def _run(fmt, T, E, H, I, ids, *, rsf=1.0, limit=None, kn=False, seed=0, scale=1
 # the interpreter is slow on the fragment kernel (its MMA emulated per warp): fewer variants
 VARIANTS = [(fmt, kn, T, "mma") for fmt, kn in (("nvfp4", False), ("int4", False), ("int4", True)) for T in (1, 5)]
 VARIANTS += [("nvfp4", False, 3, "frag"), ("int4", True, 3, "frag"), ("nvfp4", False, 20, "frag2")]
-FAMILY_CFG = {"mma": CFG, "frag": CFG_FRAG, "frag2": CFG_FRAG2}
+# the register ring at depth 3 and 4 (K groups per warp and step), with K not
+# a multiple of the step: clamped groups contribute nothing
+CFG_RING3 = {"gate_up": dict(kernel="frag", NT=1, num_warps=2, pipe=False, depth=3),
+             "down": dict(kernel="frag", NT=1, num_warps=1, pipe=False, depth=4, RT=2)}
+CFG_RING4 = {"gate_up": dict(kernel="frag", NT=1, num_warps=1, pipe=False, depth=4),
+             "down": dict(kernel="frag", NT=1, num_warps=2, pipe=False, depth=3, RT=1)}
+VARIANTS += [("int4", True, 3, "ring3"), ("nvfp4", False, 1, "ring4")]
+FAMILY_CFG = {"mma": CFG, "frag": CFG_FRAG, "frag2": CFG_FRAG2, "ring3": CFG_RING3, "ring4": CFG_RING4}
 
 
 @pytest.mark.parametrize("fmt,kn,T,family", VARIANTS)
@@ -41,8 +48,11 @@ def test_moe_matches_reference(interpret, fmt, kn, T, family):
     # mma: H=320 and I=96 are not multiples of BLOCK_K=128 / BLOCK_N=64 (nor of
     # the fragment order's 64 columns, so the weights stay unpacked); frag:
     # H=128, I=64; expert 3 gets no tokens; -1 slots belong to other ranks; 9 is
-    # out of range; T=20 puts more than 16 tokens on one expert (two blocks).
+    # out of range; T=20 puts more than 16 tokens on one expert (two blocks);
+    # ring: H=640, I=192.
     E, H, I, k = 4, (320 if family == "mma" else 128), (96 if family == "mma" else 64), 3
+    if family.startswith("ring"):
+        H, I = 640, 192  # 10 and 3 K groups
     g = torch.Generator().manual_seed(T)
     ids = torch.randint(0, 3, (T, k), generator=g, dtype=torch.int32)
     ids[0] = torch.tensor([0, -1, 2], dtype=torch.int32)

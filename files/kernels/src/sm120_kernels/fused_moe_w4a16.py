@@ -762,10 +762,12 @@ def _frag(nw, pipe, rt=None, nt=1, depth=1):
 
 
 TUNE_FAMILIES = {
+    # depth 3 and 4: the register ring only (pipe False)
     "frag": ([_frag(4, False)] + [_frag(nw, p, depth=d) for nw in (2, 4, 8, 16) for p in (True, False)
-                                  for d in (1, 2) if (nw, p, d) != (4, False, 1)],
+                                  for d in (1, 2, 3, 4) if (nw, p, d) != (4, False, 1) and (d <= 2 or not p)],
              [_frag(2, False, 2)] + [_frag(nw, p, rt, depth=d) for nw in (1, 2, 4, 8, 16) for p in (True, False)
-                                     for rt in (1, 2) for d in (1, 2) if (nw, p, rt, d) != (2, False, 2, 1)]),
+                                     for rt in (1, 2) for d in (1, 2, 3, 4)
+                                     if (nw, p, rt, d) != (2, False, 2, 1) and (d <= 2 or not p)]),
 }
 
 

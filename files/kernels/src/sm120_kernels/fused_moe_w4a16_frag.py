@@ -578,37 +578,60 @@ def _moe_frag_kernel(
             sp1 = s_ptr + e * stride_se + tile1.to(tl.int64) * stride_sn + lane
             acc0 = _zeros(32 * NW, NT)
             acc1 = acc0
-            # software pipeline: the next step's words, scales and activations
-            # (DEPTH K groups per warp) are in flight while this step's are
-            # dequantised and multiplied
+            # software pipeline over DEPTH register sets (K groups kg, kg + NW,
+            # ...). Ring (not PIPE): each set is multiplied, then reloaded in
+            # place with the group DEPTH steps ahead, so a load has the other
+            # sets' MMAs to land in and needs no register copy (a copy of a
+            # value still in flight stalls the warp until it lands). PIPE
+            # (DEPTH <= 2): all of the next step's loads, then this step's MMAs.
             kg = warp
             step = NW * DEPTH
             la = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, tl.minimum(kg, KG - 1),
                               NT, TWO, INTERP)
             lb = la
-            if DEPTH == 2:
+            lc = la
+            ld = la
+            if DEPTH >= 2:
                 lb = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, tl.minimum(kg + NW, KG - 1),
                                   NT, TWO, INTERP)
+            if DEPTH >= 3:
+                lc = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, tl.minimum(kg + 2 * NW, KG - 1),
+                                  NT, TWO, INTERP)
+            if DEPTH >= 4:
+                ld = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, tl.minimum(kg + 3 * NW, KG - 1),
+                                  NT, TWO, INTERP)
             for it in range(0, tl.cdiv(KG, step)):
-                ca = la
-                cb = lb
-                ok_a = kg < KG
-                ok_b = kg + NW < KG
                 if PIPE:
+                    ca = la
+                    cb = lb
                     la = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
                                       tl.minimum(kg + step, KG - 1), NT, TWO, INTERP)
                     if DEPTH == 2:
                         lb = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
                                           tl.minimum(kg + step + NW, KG - 1), NT, TWO, INTERP)
-                acc0, acc1 = _group_compute(acc0, acc1, ca, ok_a, tq, FMT, NT, NW, TWO, EVEN_K, INTERP)
-                if DEPTH == 2:
-                    acc0, acc1 = _group_compute(acc0, acc1, cb, ok_b, tq, FMT, NT, NW, TWO, EVEN_K, INTERP)
-                if not PIPE:
+                    acc0, acc1 = _group_compute(acc0, acc1, ca, kg < KG, tq, FMT, NT, NW, TWO, EVEN_K, INTERP)
+                    if DEPTH == 2:
+                        acc0, acc1 = _group_compute(acc0, acc1, cb, kg + NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
+                                                    INTERP)
+                else:
+                    acc0, acc1 = _group_compute(acc0, acc1, la, kg < KG, tq, FMT, NT, NW, TWO, EVEN_K, INTERP)
                     la = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
                                       tl.minimum(kg + step, KG - 1), NT, TWO, INTERP)
-                    if DEPTH == 2:
+                    if DEPTH >= 2:
+                        acc0, acc1 = _group_compute(acc0, acc1, lb, kg + NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
+                                                    INTERP)
                         lb = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
                                           tl.minimum(kg + step + NW, KG - 1), NT, TWO, INTERP)
+                    if DEPTH >= 3:
+                        acc0, acc1 = _group_compute(acc0, acc1, lc, kg + 2 * NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
+                                                    INTERP)
+                        lc = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
+                                          tl.minimum(kg + step + 2 * NW, KG - 1), NT, TWO, INTERP)
+                    if DEPTH >= 4:
+                        acc0, acc1 = _group_compute(acc0, acc1, ld, kg + 3 * NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
+                                                    INTERP)
+                        ld = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
+                                          tl.minimum(kg + step + 3 * NW, KG - 1), NT, TWO, INTERP)
                 kg += step
             g = tl.load(g_ptr + e) * g_mult
             # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
@@ -687,6 +710,8 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     assert s.dtype == torch.int16 and s.shape[1:] == (RT, KG, 32) and s.stride(3) == 1 and s.stride(2) == 32, (
         "scales must be frag_pack_scales' fragments", s.dtype, s.shape, s.stride())
     nt, nw = cfg["NT"], cfg["num_warps"]
+    depth = cfg.get("depth", 1)
+    assert depth in (1, 2, 3, 4) and not (cfg["pipe"] and depth > 2), f"depth 1-4, pipe only up to depth 2: {cfg}"
     rt = 1 if gated else cfg.get("RT", 1)
     assert (n_out // 16) % rt == 0
     tiles = n_out // 16 // rt
@@ -707,7 +732,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         (RT // 2) if gated else 0, 128.0 if (fmt == "nvfp4" and not _interpreting()) else 1.0,
         float(swiglu_limit or 0.0), float(rsf), E,
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
-        NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=cfg.get("depth", 1), EVEN_K=KG % (nw * cfg.get("depth", 1)) == 0,
+        NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=depth, EVEN_K=KG % (nw * depth) == 0,
         INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
         num_warps=nw, num_stages=1,
     )

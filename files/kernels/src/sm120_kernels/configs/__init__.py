@@ -9,9 +9,10 @@ Layout: {format: {max_tokens: {"gate_up": cfg, "down": cfg}}}; the first bucket
 whose max_tokens >= the batch is used, else the largest. cfg is for the
 fragment kernel (fused_moe_w4a16_frag, what packed weights run on): kernel
 "frag", NT (8 NT tokens per expert block), num_warps (the warps that split K),
-pipe (the next step's loads issued before this step's MMAs), depth (K groups
-per warp and step, 1 or 2; default 1) and, for the down GEMM, RT (row tiles
-per program).
+depth (K groups per warp and step: register sets in flight, 1 to 4; default
+1), pipe (depth 1 or 2 only: all of the next step's loads issued before this
+step's MMAs; false: the register ring, each set reloaded in place right after
+its MMAs) and, for the down GEMM, RT (row tiles per program).
 """
 
 from __future__ import annotations
