@@ -19,7 +19,18 @@ from sm120_kernels.registry import compare, graphed
 
 
 # (config key, value) tried on top of the shipped config, one GEMM at a time
-VARIANTS = [("pipe", True), ("pipe", False), ("depth", 1), ("depth", 2)]
+VARIANTS = [("pipe", True), ("pipe", False), ("depth", 1), ("depth", 2), ("depth", 3), ("depth", 4)]
+
+
+def with_variant(cfg: dict, key: str, val) -> dict:
+    """cfg with key = val; depth 3 and 4 are the register ring only (pipe false)."""
+    out = {**cfg, key: val}
+    if out["pipe"] and out.get("depth", 1) > 2:  # pipe runs depth 1 and 2 only
+        if key == "depth":
+            out["pipe"] = False
+        else:
+            out["depth"] = 2
+    return out
 
 
 def main():
@@ -39,10 +50,10 @@ def main():
             kw = dict(routed_scaling_factor=model.routed_scaling_factor, swiglu_limit=model.swiglu_limit)
             ref = M.moe_w4a16_reference(x, W, tw, ids, **kw)
             o = torch.empty_like(x)
-            variants = [(f"{part} {key}={val}", {**shipped, part: {**shipped[part], key: val}})
+            variants = [(f"{part} {key}={val}", {**shipped, part: with_variant(shipped[part], key, val)})
                         for part in ("gate_up", "down") for key, val in variants_tried]
             if args.both:
-                variants += [(f"both {key}={val}", {**shipped, **{part: {**shipped[part], key: val}
+                variants += [(f"both {key}={val}", {**shipped, **{part: with_variant(shipped[part], key, val)
                                                                     for part in ("gate_up", "down")}})
                              for key, val in variants_tried]
             for name, cfg in [("shipped", shipped)] + variants:
