@@ -490,6 +490,13 @@ def _warp_sum(v, NW: tl.constexpr):
 
 
 @triton.jit
+def _warp_sum2(a, b, NW: tl.constexpr):
+    """Two [32 NW] per-warp partials summed over the warps in one reduction
+    (one shared-memory exchange for both, not one each)."""
+    return tl.split(tl.sum(tl.reshape(tl.join(a, b), (NW, 32, 2)), axis=0))
+
+
+@triton.jit
 def _moe_frag_kernel(
     x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
@@ -635,16 +642,30 @@ def _moe_frag_kernel(
                 kg += step
             g = tl.load(g_ptr + e) * g_mult
             # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
+            if DIRECT:
+                # one token in column 0: only C rows gi (j = 0) and gi + 8 (j = 2)
+                # are kept, their warp sums two per shared-memory exchange
+                # (one program per SM at one token: the epilogue's barriers are
+                # not hidden by other programs)
+                c00, c02 = _warp_sum2(acc0[0], acc0[2], NW)
+                c10 = c00
+                c12 = c02
+                if TWO:
+                    c10, c12 = _warp_sum2(acc1[0], acc1[2], NW)
+                s0 = (c00, c00, c02, c02)  # j = 1 and 3 are never stored
+                s1 = (c10, c10, c12, c12)
             if DIRECT and not GATED:
-                # column 0 is the token; rows gi (j = 0) and gi + 8 (j = 2)
                 g = g * tl.sum(tl.where(kidx == mb, tw_vec, 0.0))
-                tot00 += _warp_sum(acc0[0], NW) * g
-                tot02 += _warp_sum(acc0[2], NW) * g
+                tot00 += s0[0] * g
+                tot02 += s0[2] * g
                 if RT == 2:
-                    tot10 += _warp_sum(acc1[0], NW) * g
-                    tot12 += _warp_sum(acc1[2], NW) * g
+                    tot10 += s1[0] * g
+                    tot12 += s1[2] * g
             for j in tl.static_range(0 if DIRECT and not GATED else 4 * NT):
-                v0 = _warp_sum(acc0[j], NW) * g
+                if DIRECT:
+                    v0 = s0[j] * g
+                else:
+                    v0 = _warp_sum(acc0[j], NW) * g
                 rr = l32 // 4 + 8 * ((j // 2) % 2)
                 slot = mb * BM + 8 * (j // 4) + 2 * (l32 % 4) + (j % 2)
                 if DIRECT:  # block mb holds slot mb in column 0 only (GATED here)
@@ -654,7 +675,10 @@ def _moe_frag_kernel(
                     okj = sidj < num_valid
                 if GATED:
                     gate = v0
-                    up = _warp_sum(acc1[j], NW) * g
+                    if DIRECT:
+                        up = s1[j] * g
+                    else:
+                        up = _warp_sum(acc1[j], NW) * g
                     if HAS_LIMIT:
                         gate = tl.minimum(gate, swiglu_limit)
                         up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
