@@ -476,6 +476,24 @@ def _group_compute(acc0, acc1, ld, ok, tq, FMT: tl.constexpr, NT: tl.constexpr, 
 
 
 @triton.jit
+def _loads_at(src, kg, KG, NT: tl.constexpr, TWO: tl.constexpr, INTERP: tl.constexpr):
+    """_group_loads of K group kg, clamped to the last group (src: the row
+    tiles' word and scale pointers, the activation pointers and their masks;
+    a clamped group's MMAs are zeroed by its ok flag)."""
+    return _group_loads(src[0], src[1], src[2], src[3], src[4], src[5], src[6], src[7], tl.minimum(kg, KG - 1),
+                        NT, TWO, INTERP)
+
+
+@triton.jit
+def _ring_step(acc0, acc1, ld, src, kg, step, KG, tq, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
+               TWO: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
+    """One register set of the ring: multiply its K group kg, then reload it in
+    place with group kg + step."""
+    acc0, acc1 = _group_compute(acc0, acc1, ld, kg < KG, tq, FMT, NT, NW, TWO, EVEN_K, INTERP)
+    return acc0, acc1, _loads_at(src, kg + step, KG, NT, TWO, INTERP)
+
+
+@triton.jit
 def _zeros(n: tl.constexpr, NT: tl.constexpr):
     z = tl.zeros((n,), dtype=tl.float32)
     if NT == 1:
@@ -593,52 +611,40 @@ def _moe_frag_kernel(
             # (DEPTH <= 2): all of the next step's loads, then this step's MMAs.
             kg = warp
             step = NW * DEPTH
-            la = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, tl.minimum(kg, KG - 1),
-                              NT, TWO, INTERP)
+            src = (wp0, wp1, sp0, sp1, xb, xb2, valid, valid2)
+            la = _loads_at(src, kg, KG, NT, TWO, INTERP)
             lb = la
             lc = la
             ld = la
             if DEPTH >= 2:
-                lb = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, tl.minimum(kg + NW, KG - 1),
-                                  NT, TWO, INTERP)
+                lb = _loads_at(src, kg + NW, KG, NT, TWO, INTERP)
             if DEPTH >= 3:
-                lc = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, tl.minimum(kg + 2 * NW, KG - 1),
-                                  NT, TWO, INTERP)
+                lc = _loads_at(src, kg + 2 * NW, KG, NT, TWO, INTERP)
             if DEPTH >= 4:
-                ld = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, tl.minimum(kg + 3 * NW, KG - 1),
-                                  NT, TWO, INTERP)
+                ld = _loads_at(src, kg + 3 * NW, KG, NT, TWO, INTERP)
             for it in range(0, tl.cdiv(KG, step)):
                 if PIPE:
                     ca = la
                     cb = lb
-                    la = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
-                                      tl.minimum(kg + step, KG - 1), NT, TWO, INTERP)
+                    la = _loads_at(src, kg + step, KG, NT, TWO, INTERP)
                     if DEPTH == 2:
-                        lb = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
-                                          tl.minimum(kg + step + NW, KG - 1), NT, TWO, INTERP)
+                        lb = _loads_at(src, kg + step + NW, KG, NT, TWO, INTERP)
                     acc0, acc1 = _group_compute(acc0, acc1, ca, kg < KG, tq, FMT, NT, NW, TWO, EVEN_K, INTERP)
                     if DEPTH == 2:
                         acc0, acc1 = _group_compute(acc0, acc1, cb, kg + NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
                                                     INTERP)
                 else:
-                    acc0, acc1 = _group_compute(acc0, acc1, la, kg < KG, tq, FMT, NT, NW, TWO, EVEN_K, INTERP)
-                    la = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
-                                      tl.minimum(kg + step, KG - 1), NT, TWO, INTERP)
+                    acc0, acc1, la = _ring_step(acc0, acc1, la, src, kg, step, KG, tq, FMT, NT, NW, TWO, EVEN_K,
+                                                INTERP)
                     if DEPTH >= 2:
-                        acc0, acc1 = _group_compute(acc0, acc1, lb, kg + NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
-                                                    INTERP)
-                        lb = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
-                                          tl.minimum(kg + step + NW, KG - 1), NT, TWO, INTERP)
+                        acc0, acc1, lb = _ring_step(acc0, acc1, lb, src, kg + NW, step, KG, tq, FMT, NT, NW, TWO,
+                                                    EVEN_K, INTERP)
                     if DEPTH >= 3:
-                        acc0, acc1 = _group_compute(acc0, acc1, lc, kg + 2 * NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
-                                                    INTERP)
-                        lc = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
-                                          tl.minimum(kg + step + 2 * NW, KG - 1), NT, TWO, INTERP)
+                        acc0, acc1, lc = _ring_step(acc0, acc1, lc, src, kg + 2 * NW, step, KG, tq, FMT, NT, NW, TWO,
+                                                    EVEN_K, INTERP)
                     if DEPTH >= 4:
-                        acc0, acc1 = _group_compute(acc0, acc1, ld, kg + 3 * NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
-                                                    INTERP)
-                        ld = _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2,
-                                          tl.minimum(kg + step + 3 * NW, KG - 1), NT, TWO, INTERP)
+                        acc0, acc1, ld = _ring_step(acc0, acc1, ld, src, kg + 3 * NW, step, KG, tq, FMT, NT, NW, TWO,
+                                                    EVEN_K, INTERP)
                 kg += step
             g = tl.load(g_ptr + e) * g_mult
             # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
