@@ -118,7 +118,7 @@ def test_pdl_launch_follows_config_rows_and_override(monkeypatch):
     cap[0] = (12, 0)
     assert M._pdl_meta(dev, "finish", {}, 1) == {}
 
-    from sm120_kernels.indexer import load_configs
+    from sm120_kernels.configs import load_configs
 
     h200 = load_configs("mhc", "NVIDIA H200")
     assert [k for k, v in h200.items() if v.get("pdl")] == ["post", "pre_fused"]
@@ -185,7 +185,7 @@ PRE_FUSED_SIG = {
 
 
 def _shipped_mhc_configs():
-    from sm120_kernels.indexer import load_config_file
+    from sm120_kernels.configs import load_config_file
 
     root = resources.files("sm120_kernels").joinpath("configs")
     out = []

@@ -260,46 +260,11 @@ def _device_name(device: Optional[torch.device]) -> Optional[str]:
     return torch.cuda.get_device_name(device)
 
 
-@functools.lru_cache(maxsize=None)
-def load_config_file(name: str) -> dict:
-    """The entries of ``configs/<name>`` (keys starting with "_" dropped). A
-    file with ``"_extends": "<other file>"`` is that file's entries with its
-    own merged over them, entry by entry."""
-    import json
-    from importlib import resources
-
-    data = json.loads(resources.files(__package__).joinpath("configs", name).read_text())
-    merged = dict(load_config_file(data["_extends"])) if "_extends" in data else {}
-    for key, value in data.items():
-        if key.startswith("_"):
-            continue
-        base = merged.get(key)
-        merged[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
-    return merged
-
-
-@functools.lru_cache(maxsize=None)
-def load_configs(prefix: str, device_name: Optional[str]) -> dict:
-    """``configs/<prefix>-<device>.json`` (device name with non-alphanumeric
-    runs as "_"), else ``configs/<prefix>-default.json``, else {}
-    (load_config_file)."""
-    import re
-    from importlib import resources
-
-    root = resources.files(__package__).joinpath("configs")
-    names = []
-    if device_name:
-        names.append(f"{prefix}-" + re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_") + ".json")
-    names.append(f"{prefix}-default.json")
-    for name in names:
-        if root.joinpath(name).is_file():
-            return load_config_file(name)
-    return {}
-
-
 def _resolve_config(name: str, default: dict, config: Optional[dict], device=None) -> dict:
     if config is not None:
         return {**default, **config}
+    from .configs import load_configs
+
     found = load_configs("indexer", _device_name(device)).get(name)
     return {**default, **(found or {})}
 

@@ -545,7 +545,8 @@ def _resolve(name: str, default: dict, config: Optional[dict], device=None) -> d
     """Explicit config, else configs/mhc-<device>.json, else mhc-default.json."""
     if config is not None:
         return {**default, **config}
-    from .indexer import _device_name, load_configs
+    from .configs import load_configs
+    from .indexer import _device_name
 
     found = load_configs("mhc", _device_name(device)).get(name)
     return {**default, **(found or {})}

@@ -56,6 +56,34 @@ def load_file(name: str) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
+def load_config_file(name: str) -> dict:
+    """The entries of another kernel's ``configs/<name>`` (keys starting with
+    "_" dropped). A file with ``"_extends": "<other file>"`` is that file's
+    entries with its own merged over them, entry by entry."""
+    data = json.loads(resources.files(__package__).joinpath(name).read_text())
+    merged = dict(load_config_file(data["_extends"])) if "_extends" in data else {}
+    for key, value in data.items():
+        if key.startswith("_"):
+            continue
+        base = merged.get(key)
+        merged[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
+    return merged
+
+
+@functools.lru_cache(maxsize=None)
+def load_configs(prefix: str, device_name: str | None) -> dict:
+    """``configs/<prefix>-<device file name>`` (indexer, mhc), else
+    ``configs/<prefix>-default.json``, else {} (load_config_file)."""
+    root = resources.files(__package__)
+    names = [f"{prefix}-{device_file_name(device_name)}"] if device_name else []
+    names.append(f"{prefix}-default.json")
+    for name in names:
+        if root.joinpath(name).is_file():
+            return load_config_file(name)
+    return {}
+
+
+@functools.lru_cache(maxsize=None)
 def _current_device_name() -> str | None:
     try:
         import torch
