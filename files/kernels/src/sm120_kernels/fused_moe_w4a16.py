@@ -342,17 +342,19 @@ def _moe_gemm_kernel(
 
 @triton.jit
 def _combine_kernel(buf_ptr, ids_ptr, out_ptr, top_k, H, num_local, rsf,
-                    stride_bm, stride_om, BLOCK_H: tl.constexpr, INTERP: tl.constexpr):
+                    stride_bm, stride_om, BLOCK_H: tl.constexpr, KP: tl.constexpr, INTERP: tl.constexpr):
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs < H
-    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for j in range(0, top_k):
-        row = t * top_k + j
-        eid = tl.load(ids_ptr + row)
-        # slots routed to other ranks (-1 or out of range) contribute nothing
-        if (eid >= 0) & (eid < num_local):
-            acc += tl.load(buf_ptr + row.to(tl.int64) * stride_bm + offs, mask=mask, other=0.0)
+    # the token's ids in one load, then all its local rows at once: two
+    # dependent memory round trips, not two per slot
+    j = tl.arange(0, KP)
+    eid = tl.load(ids_ptr + t * top_k + j, mask=j < top_k, other=-1)
+    # slots routed to other ranks (-1 or out of range) contribute nothing
+    local = (eid >= 0) & (eid < num_local)
+    rows = (t * top_k + j).to(tl.int64)
+    v = tl.load(buf_ptr + rows[:, None] * stride_bm + offs[None, :], mask=local[:, None] & mask[None, :], other=0.0)
+    acc = tl.sum(v, axis=0)
     # the routed scaling factor is applied here, exactly once
     tl.store(out_ptr + t.to(tl.int64) * stride_om + offs, _to_bf16(acc * rsf, INTERP), mask=mask)
 
@@ -564,10 +566,11 @@ def combine(buf: torch.Tensor, topk_ids: torch.Tensor, num_local: int, routed_sc
     H = buf.shape[1]
     if out is None:
         out = torch.empty((T, H), dtype=torch.bfloat16, device=buf.device)
-    bh = 1024
+    bh = 512
     _combine_kernel[(T, triton.cdiv(H, bh))](
         buf, topk_ids, out, k, H, num_local, float(routed_scaling_factor),
-        buf.stride(0), out.stride(0), BLOCK_H=bh, INTERP=_interpreting(), num_warps=4)
+        buf.stride(0), out.stride(0), BLOCK_H=bh, KP=triton.next_power_of_2(k), INTERP=_interpreting(),
+        num_warps=4)
     return out
 
 

@@ -179,7 +179,7 @@ def align_capacity(n_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 @triton.jit
-def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, num_post_ptr, scratch_ptr,
+def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, num_post_ptr,
                   n, E, CAP,
                   BLOCK: tl.constexpr, E_BINS: tl.constexpr, BLOCK_M: tl.constexpr,
                   INIT_BLOCK: tl.constexpr):
@@ -195,8 +195,6 @@ def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, num_post_ptr, scratch_ptr
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     pad_start = tl.cumsum(padded, axis=0) - padded
     raw_start = tl.cumsum(counts, axis=0) - counts
-    tl.store(scratch_ptr + bins, pad_start)
-    tl.store(scratch_ptr + E_BINS + bins, raw_start)
     tl.store(num_post_ptr, tl.sum(padded, axis=0))
     # unused rows point past the last pair: the GEMMs mask them out
     for i in range(0, tl.cdiv(CAP, INIT_BLOCK)):
@@ -211,8 +209,9 @@ def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, num_post_ptr, scratch_ptr
     pos = tl.arange(0, BLOCK)
     ok = se < E
     se_c = tl.where(ok, se, 0)
-    ps = tl.load(scratch_ptr + se_c, mask=ok, other=0)
-    rs = tl.load(scratch_ptr + E_BINS + se_c, mask=ok, other=0)
+    # each pair's expert starts, gathered in registers (no round trip through memory)
+    ps = tl.where(ok, tl.gather(pad_start, se_c, 0), 0)
+    rs = tl.where(ok, tl.gather(raw_start, se_c, 0), 0)
     dest = ps + (pos - rs)
     tl.store(sorted_ptr + dest, sidx, mask=ok)
     tl.store(expert_ids_ptr + dest // BLOCK_M, se, mask=ok)
@@ -266,9 +265,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     expert_ids = torch.empty((max(cap // block_m, 1),), dtype=torch.int32, device=dev)
     num_post = torch.empty((1,), dtype=torch.int32, device=dev)
     e_bins = triton.next_power_of_2(num_experts + 1)
-    scratch = torch.empty((2 * e_bins,), dtype=torch.int32, device=dev)
     block = max(triton.next_power_of_2(n), 16)
-    _align_kernel[(1,)](flat, sorted_ids, expert_ids, num_post, scratch, n, num_experts, cap,
+    _align_kernel[(1,)](flat, sorted_ids, expert_ids, num_post, n, num_experts, cap,
                         BLOCK=block, E_BINS=e_bins, BLOCK_M=block_m, INIT_BLOCK=1024,
                         num_warps=4 if block <= 1024 else 8)
     return sorted_ids, expert_ids, num_post
