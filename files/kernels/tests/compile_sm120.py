@@ -99,7 +99,7 @@ def other_variants():
     sig = {"buf_ptr": "*fp32", "ids_ptr": "*i32", "out_ptr": "*bf16", "top_k": "i32", "H": "i32",
            "num_local": "i32", "rsf": "fp32", "stride_bm": "i64", "stride_om": "i64",
            "BLOCK_H": "constexpr", "KP": "constexpr", "INTERP": "constexpr"}
-    yield "combine", M._combine_kernel, sig, {"BLOCK_H": 512, "KP": 8, "INTERP": False}, 4, 1
+    yield "combine", M._combine_kernel, sig, {"BLOCK_H": M.COMBINE_BLOCK_H, "KP": 8, "INTERP": False}, 4, 1
     for n, warps in ((64, 4), (2048, 4), (8192, 8)):
         sig = {"ids_ptr": "*i32", "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "num_post_ptr": "*i32",
                "n": "i32", "E": "i32", "CAP": "i32", "BLOCK": "constexpr",

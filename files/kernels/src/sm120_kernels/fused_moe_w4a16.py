@@ -558,6 +558,10 @@ def fused_moe_w4a16(
     return combine(buf, topk_ids, E, routed_scaling_factor, out)
 
 
+# the combine's columns per program (H200, batch 8: 512 measured faster than 1024)
+COMBINE_BLOCK_H = 512
+
+
 def combine(buf: torch.Tensor, topk_ids: torch.Tensor, num_local: int, routed_scaling_factor: float,
             out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The last launch of both GEMM paths: out[t] = rsf * sum over token t's
@@ -566,10 +570,9 @@ def combine(buf: torch.Tensor, topk_ids: torch.Tensor, num_local: int, routed_sc
     H = buf.shape[1]
     if out is None:
         out = torch.empty((T, H), dtype=torch.bfloat16, device=buf.device)
-    bh = 512
-    _combine_kernel[(T, triton.cdiv(H, bh))](
+    _combine_kernel[(T, triton.cdiv(H, COMBINE_BLOCK_H))](
         buf, topk_ids, out, k, H, num_local, float(routed_scaling_factor),
-        buf.stride(0), out.stride(0), BLOCK_H=bh, KP=triton.next_power_of_2(k), INTERP=_interpreting(),
+        buf.stride(0), out.stride(0), BLOCK_H=COMBINE_BLOCK_H, KP=triton.next_power_of_2(k), INTERP=_interpreting(),
         num_warps=4)
     return out
 
