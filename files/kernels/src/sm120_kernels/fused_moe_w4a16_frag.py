@@ -658,18 +658,19 @@ def _moe_frag_kernel(
                 c12 = c02
                 if TWO:
                     c10, c12 = _warp_sum2(acc1[0], acc1[2], NW)
-                s0 = (c00, c00, c02, c02)  # j = 1 and 3 are never stored
-                s1 = (c10, c10, c12, c12)
+                s0 = (c00, c02)  # j = 0 and 2 (j // 2)
+                s1 = (c10, c12)
             if DIRECT and not GATED:
                 g = g * tl.sum(tl.where(kidx == mb, tw_vec, 0.0))
                 tot00 += s0[0] * g
-                tot02 += s0[2] * g
+                tot02 += s0[1] * g
                 if RT == 2:
                     tot10 += s1[0] * g
-                    tot12 += s1[2] * g
-            for j in tl.static_range(0 if DIRECT and not GATED else 4 * NT):
+                    tot12 += s1[1] * g
+            # the tile's C registers j (one token, GATED: its column 0, j = 0 and 2)
+            for j in tl.static_range(0, 0 if DIRECT and not GATED else 4 * NT, 2 if DIRECT else 1):
                 if DIRECT:
-                    v0 = s0[j] * g
+                    v0 = s0[j // 2] * g
                 else:
                     v0 = _warp_sum(acc0[j], NW) * g
                 rr = l32 // 4 + 8 * ((j // 2) % 2)
@@ -682,7 +683,7 @@ def _moe_frag_kernel(
                 if GATED:
                     gate = v0
                     if DIRECT:
-                        up = s1[j] * g
+                        up = s1[j // 2] * g
                     else:
                         up = _warp_sum(acc1[j], NW) * g
                     if HAS_LIMIT:
