@@ -200,7 +200,7 @@ def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, num_post_ptr,
     for i in range(0, tl.cdiv(CAP, INIT_BLOCK)):
         o = i * INIT_BLOCK + tl.arange(0, INIT_BLOCK)
         tl.store(sorted_ptr + o, n + tl.zeros_like(o), mask=o < CAP)
-    tl.debug_barrier()
+    tl.debug_barrier()  # the fill lands before the scatter below writes over it (other threads, same rows)
     # stable order inside an expert: sort by (expert, pair index)
     key = eb * BLOCK + offs
     sk = tl.sort(key)
