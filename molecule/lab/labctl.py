@@ -51,6 +51,7 @@ MASKED_UNITS = ["console-getty.service", "getty@tty1.service", "systemd-timesync
 RECIPE_REVISION = "3"
 BOOT_TIMEOUT_S = 300  # generous: a loaded 2-core machine has taken over 120 s
 STOP_TIMEOUT_S = 30
+RMTREE_TRIES = 20  # 0.5 s apart, killing leftovers in between
 
 
 def log(msg: str) -> None:
@@ -283,6 +284,37 @@ def begin_poweroff(name: str) -> None:
         os.kill(pid, signal.SIGTERM)  # nspawn turns SIGTERM into a clean poweroff
 
 
+def kill_lab_processes(hdir: Path, rounds: int = 50) -> None:
+    """SIGKILL whatever still runs inside the host's root, until nothing does
+    (or `rounds` tries, 0.1 s apart)."""
+    for _ in range(rounds):
+        procs = lab_processes(hdir)
+        if not procs:
+            return
+        for p in procs:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+
+
+def remove_host_dir(name: str, hdir: Path) -> None:
+    """rmtree, retried: a killed container's processes can still be finishing
+    their last writes (a journal flush) into the root while it is removed,
+    which fails with "Directory not empty"."""
+    for attempt in range(RMTREE_TRIES):
+        try:
+            shutil.rmtree(hdir)
+            return
+        except OSError as exc:
+            if attempt == RMTREE_TRIES - 1:
+                raise
+            log(f"{name}: removing its root failed ({exc.strerror}); retrying")
+            kill_lab_processes(hdir)
+            time.sleep(0.5)
+
+
 def down(name: str, signalled: bool = False) -> None:
     hdir = host_dir(name)
     meta = read_json(hdir / "host.json")
@@ -297,20 +329,11 @@ def down(name: str, signalled: bool = False) -> None:
             log(f"{name}: poweroff timed out; killing")
             os.killpg(pid, signal.SIGKILL)
     # Whatever still runs inside the container's root is killed too.
-    for _ in range(50):
-        procs = lab_processes(hdir)
-        if not procs:
-            break
-        for p in procs:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
+    kill_lab_processes(hdir)
     for point in sorted(lab_mounts(hdir), reverse=True):
         subprocess.run(["umount", "-l", point], check=False)
     if hdir.exists():
-        shutil.rmtree(hdir)
+        remove_host_dir(name, hdir)
         log(f"{name}: removed")
 
 
