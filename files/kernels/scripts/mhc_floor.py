@@ -91,8 +91,8 @@ def main():
             row[f"copy2_{how}_us"] = min(c2.values())
             row[f"copy2_{how}_all"] = c2
         ins = [H.make_inputs(n, H.HIDDEN, device="cuda", seed=90 + i) for i in range(sets)]
-        calls = [lambda a=a: (H.mhc_pre(a[0], a[2], a[3], a[4], H.RMS_EPS, H.HC_EPS), H.mhc_post(a[1], a[0], a[5], a[6]))
-                 for a in ins]
+        calls = [lambda a=a: (H.mhc_pre(a[0], a[2], a[3], a[4], H.RMS_EPS, H.HC_EPS),
+                              H.mhc_post(a[1], a[0], a[5], a[6])) for a in ins]
         row["shipped_pre_post_us"] = round(stream_time_us(calls)[0], 2)
         rec(**row)
 
