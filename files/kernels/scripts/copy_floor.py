@@ -41,14 +41,16 @@ def _tiny(p):
     tl.store(p + tl.program_id(0), tl.program_id(0))
 
 
-def floor_us(launches, sets: int, device) -> dict:
+def floor_us(launches, sets: int, device) -> float:
     """Per-call µs of the chain, best over BLOCKS for the Triton kinds."""
     def bufs_for():
+        """One set's (kind, source, destination) per launch: copies write their
+        source's size, reads one word per program."""
         out = []
         for kind, *n in launches:
-            words = {"copy": n[0] // 8, "memcpy": n[0] // 8, "read": n[0] // 4, "empty": 1}.get(kind, 1) if n else 1
-            src = torch.randint(0, 1 << 30, (max(1, words),), dtype=torch.int32, device=device)
-            dst = torch.empty(max(1, words) if kind in ("copy", "memcpy") else max(1, words // 1024 + 1),
+            words = max(1, n[0] // (4 if kind == "read" else 8)) if n else 1
+            src = torch.randint(0, 1 << 30, (words,), dtype=torch.int32, device=device)
+            dst = torch.empty(words if kind in ("copy", "memcpy") else words // BLOCKS[0][0] + 1,
                               dtype=torch.int32, device=device)
             out.append((kind, src, dst))
         return out

@@ -25,21 +25,13 @@ from sm120_kernels.registry import stream_sets
 dev = torch.device("cuda")
 
 
-def mhc_bytes(n):
-    """The bench's byte counts (mhc.bench_cases): pre, post."""
-    hc, d = H.HC_MULT, H.HIDDEN
-    mix = 2 * hc + hc * hc
-    b_res, b_x, b_fn, b_small = n * hc * d * 2, n * d * 2, mix * hc * d * 4, n * (hc + hc * hc) * 4
-    return b_res + b_fn + b_x + b_small, b_x + 2 * b_res + b_small
-
-
 def main():
     print(torch.__version__, triton.__version__, torch.cuda.get_device_name(dev), flush=True)
     bw = copy_bandwidth(dev)
     rec(kind="copy_bw_GBps", value=round(bw / 1e9, 1))
     rec(kind="two_empty_kernels", us=floor_us([("empty",), ("empty",)], 2, dev))
     for n in (1, 8, 32, 64):
-        pre_b, post_b = mhc_bytes(n)
+        pre_b, post_b, _ = H.mhc_bytes(n)
         total = pre_b + post_b
         bound = total / bw * 1e6
         sets = stream_sets(total, dev)

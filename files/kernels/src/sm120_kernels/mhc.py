@@ -1118,6 +1118,17 @@ def selftest_cases():
     return [SelfTestCase(f"dsv4.mhc pre/post/post+pre n{n} hidden{HIDDEN}", case(n, i)) for i, n in enumerate((1, 7, 64, 300))]
 
 
+def mhc_bytes(n: int, d: int = HIDDEN, hc: int = HC_MULT):
+    """Fewest bytes at n rows, as the bench counts them: (pre, post, fused post+pre).
+    pre: residual + fn in, y + post/comb out; post: y + residual (+ post/comb) in,
+    residual out; fused: y + residual + post/comb + fn in, residual + y + post/comb out."""
+    b_res = n * hc * d * 2
+    b_x = n * d * 2
+    b_fn = (2 * hc + hc * hc) * hc * d * 4
+    b_small = n * (hc + hc * hc) * 4
+    return b_res + b_fn + b_x + b_small, b_x + 2 * b_res + b_small, 2 * b_x + 2 * b_res + b_fn + 2 * b_small
+
+
 def bench_cases():
     """mHC pre + post (3 launches) and the fused post+pre (2 launches), each
     captured in a CUDA graph as SGLang's decode runs them."""
@@ -1125,17 +1136,8 @@ def bench_cases():
 
     def setup(n, which):
         def make(device):
-            hc, d = HC_MULT, HIDDEN
-            mix = 2 * hc + hc * hc
-            b_res = n * hc * d * 2
-            b_x = n * d * 2
-            b_fn = mix * hc * d * 4
-            b_small = n * (hc + hc * hc) * 4
-            if which == "pre+post":
-                # pre: residual + fn in, y + post/comb out; post: y + residual in, residual out
-                nbytes = (b_res + b_fn + b_x + b_small) + (b_x + b_res + b_res + b_small)
-            else:
-                nbytes = b_x + b_res + b_res + b_fn + b_x + 2 * b_small
+            pre, post, fused = mhc_bytes(n)
+            nbytes = pre + post if which == "pre+post" else fused
 
             def call_on(seed):
                 """The calls on one input set (its own residual, layer output and
