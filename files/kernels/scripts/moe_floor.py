@@ -16,12 +16,14 @@ import torch
 import triton
 
 from copy_floor import floor_us, rec
-from sm120_kernels.bench import copy_bandwidth
+from sm120_kernels.bench import TARGET_BATCH1_US, TARGET_FRACTION, copy_bandwidth
 from sm120_kernels.fused_moe_w4a16 import moe_bytes
 from sm120_kernels.models import MODELS
 from sm120_kernels.registry import stream_sets
 
 dev = torch.device("cuda")
+
+
 def main():
     print(torch.__version__, triton.__version__, torch.cuda.get_device_name(dev), flush=True)
     bw = copy_bandwidth(dev)
@@ -33,7 +35,7 @@ def main():
             act = 2 * 2 * batch * model.hidden
             gate_up = (total - act) * 2 // 3 + act // 2  # gate/up is two thirds of each expert's weights
             down = total - gate_up
-            target = 15.0 if batch == 1 else total / (0.8 * bw) * 1e6
+            target = TARGET_BATCH1_US if batch == 1 else total / (TARGET_FRACTION * bw) * 1e6
             sets = stream_sets(total, dev)
             row = dict(kind="moe_floor", model=model.name, batch=batch, bytes=total, target_us=round(target, 2))
             for how in ("read", "copy"):
