@@ -14,13 +14,21 @@ import torch
 import triton
 import triton.language as tl
 
-from sm120_kernels.bench import stream_time_us
+from sm120_kernels.bench import copy_bandwidth, stream_time_us
 
 BLOCKS = ((1024, 4), (2048, 4), (4096, 8), (8192, 8))
 
 
 def rec(**kw):
     print(json.dumps(kw), flush=True)
+
+
+def start(device) -> float:
+    """Print the versions and the device, record its copy bandwidth and return it (bytes/s)."""
+    print(torch.__version__, triton.__version__, torch.cuda.get_device_name(device), flush=True)
+    bw = copy_bandwidth(device)
+    rec(kind="copy_bw_GBps", value=round(bw / 1e9, 1))
+    return bw
 
 
 @triton.jit

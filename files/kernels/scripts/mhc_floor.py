@@ -15,20 +15,17 @@ meet it on this GPU.
     PYTHONPATH=src python3 scripts/mhc_floor.py
 """
 import torch
-import triton
 
-from copy_floor import floor_us, rec
+from copy_floor import floor_us, rec, start
 from sm120_kernels import mhc as H
-from sm120_kernels.bench import copy_bandwidth, stream_time_us
+from sm120_kernels.bench import stream_time_us
 from sm120_kernels.registry import stream_sets
 
 dev = torch.device("cuda")
 
 
 def main():
-    print(torch.__version__, triton.__version__, torch.cuda.get_device_name(dev), flush=True)
-    bw = copy_bandwidth(dev)
-    rec(kind="copy_bw_GBps", value=round(bw / 1e9, 1))
+    bw = start(dev)
     rec(kind="two_empty_kernels", us=floor_us([("empty",), ("empty",)], 2, dev))
     for n in (1, 8, 32, 64):
         pre_b, post_b, _ = H.mhc_bytes(n)

@@ -13,10 +13,9 @@ means no kernel chain of that structure can meet it on this GPU.
     PYTHONPATH=src python3 scripts/moe_floor.py
 """
 import torch
-import triton
 
-from copy_floor import floor_us, rec
-from sm120_kernels.bench import TARGET_BATCH1_US, TARGET_FRACTION, copy_bandwidth
+from copy_floor import floor_us, rec, start
+from sm120_kernels.bench import TARGET_BATCH1_US, TARGET_FRACTION
 from sm120_kernels.fused_moe_w4a16 import moe_bytes
 from sm120_kernels.models import MODELS
 from sm120_kernels.registry import stream_sets
@@ -25,9 +24,7 @@ dev = torch.device("cuda")
 
 
 def main():
-    print(torch.__version__, triton.__version__, torch.cuda.get_device_name(dev), flush=True)
-    bw = copy_bandwidth(dev)
-    rec(kind="copy_bw_GBps", value=round(bw / 1e9, 1))
+    bw = start(dev)
     for model in MODELS:
         for batch in (1, 8, 32, 64):
             active = model.expected_active(batch)  # as the bench takes it
