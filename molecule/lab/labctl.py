@@ -51,6 +51,7 @@ MASKED_UNITS = ["console-getty.service", "getty@tty1.service", "systemd-timesync
 RECIPE_REVISION = "3"
 BOOT_TIMEOUT_S = 300  # generous: a loaded 2-core machine has taken over 120 s
 STOP_TIMEOUT_S = 30
+KILL_ROUNDS = 50  # 0.1 s apart: what still runs in a host's root after its poweroff
 RMTREE_TRIES = 20  # 0.5 s apart, killing leftovers in between
 
 
@@ -284,10 +285,10 @@ def begin_poweroff(name: str) -> None:
         os.kill(pid, signal.SIGTERM)  # nspawn turns SIGTERM into a clean poweroff
 
 
-def kill_lab_processes(hdir: Path, rounds: int = 50) -> None:
+def kill_lab_processes(hdir: Path) -> None:
     """SIGKILL whatever still runs inside the host's root, until nothing does
-    (or `rounds` tries, 0.1 s apart)."""
-    for _ in range(rounds):
+    (or KILL_ROUNDS tries, 0.1 s apart)."""
+    for _ in range(KILL_ROUNDS):
         procs = lab_processes(hdir)
         if not procs:
             return
