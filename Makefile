@@ -46,11 +46,14 @@ apt: .cache/apt.stamp
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; fi
 	@touch $@
 
+# pip installs only the pinned uv, and uv the rest: pip unpacks one file at a time, and
+# the ansible package alone is some 30,000 files.
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: requirements/controller.txt
 	$(call step,controller venv ($(VENV)) from requirements/controller.txt)
 	@python3 -m venv $(VENV)
-	@$(VENV)/bin/pip install -q -r requirements/controller.txt
+	@$(VENV)/bin/pip install -q "$$(grep -E '^uv==' requirements/controller.txt)"
+	@$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -r requirements/controller.txt
 	@touch $@
 
 # The pinned SGLang stack from its hashed lock, plus test-only tools: CPU kernel tests,
@@ -145,19 +148,29 @@ PENDING_SCENARIOS := multihost
 test-scenario: setup
 	@$(ACTIVATE) && molecule test -s $(S)
 
+# Site scenarios (molecule/<name>) that `make test` runs: all but the lab itself and the
+# pending ones.
+SITE_RUN = $(filter-out lab $(PENDING_SCENARIOS),$(SITE_SCENARIOS))
+
 test-site: setup
-	@for s in $(filter-out $(PENDING_SCENARIOS),$(SITE_SCENARIOS)); do \
-	  [ "$$s" = lab ] && continue; \
-	  printf '\n\033[1m==> molecule test -s %s\033[0m\n' "$$s"; \
-	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH molecule test -s $$s || exit 1; done
+	@$(MAKE) --no-print-directory $(addprefix molecule-site/,$(SITE_RUN))
+
+molecule-site/%:
+	@start=$$(date +%s); printf '\n\033[1m==> molecule test -s %s\033[0m\n' "$*"; \
+	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH molecule test -s $* \
+	  && echo "==> molecule/$* passed in $$(( $$(date +%s) - start )) s" \
+	  || { echo "==> molecule/$* FAILED after $$(( $$(date +%s) - start )) s"; exit 1; }
 
 # The kernel tests (their interpreter and compiler tiers at once) and the monitoring tests
 # run while the root filesystems download and unpack (debootstrap mostly waits on the
-# network and the disk); then the lab, the roles and the site scenario. (The site
-# scenario beside the role lanes took as long in all: the cores are the limit there.)
+# network and the disk), and then while the lab lifecycle test boots and removes its
+# hosts (it mostly waits on them: alone, it left the cores idle for a minute). Then the
+# site scenario, the longest, beside the two role lanes: alone it kept the cores only
+# half busy (it waits on health gates, restarts and timeouts), the role lanes fill them.
 test: test-static test-unit
-	@$(MAKE) --no-print-directory -j3 --output-sync=target test-kernels test-monitoring rootfs
-	@$(MAKE) --no-print-directory test-lab test-roles test-site
+	@$(MAKE) --no-print-directory -j4 --output-sync=target test-kernels test-monitoring test-lab
+	@$(MAKE) --no-print-directory -j$$(( $(ROLE_JOBS) + 1 )) --output-sync=target prometheus-bin \
+	  $(addprefix molecule-site/,$(SITE_RUN)) $(addprefix molecule-role/,$(ROLE_NAMES))
 	$(call step,all tests passed)
 
 clean: lab-destroy

@@ -14,8 +14,8 @@ MAX_LINES = 12
 WIDTH = 200
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 BOX = re.compile(r"^\s*[│┌└─]+\s?")
-# where a step failed: Molecule's verdict, the role lane's, or make's
-STEP_FAILED = re.compile(r"(Molecule executed \d+ scenarios? \(.*failed|==> roles/\S+ FAILED after|"
+# where a step failed: Molecule's verdict, a scenario lane's, or make's
+STEP_FAILED = re.compile(r"(Molecule executed \d+ scenarios? \(.*failed|==> (roles|molecule)/\S+ FAILED after|"
                          r"Idempotence test failed|Ansible return code was)")
 MAKE_FAILED = re.compile(r"^make(\[\d+\])?: \*\*\* ")
 # a failed task or Molecule step first; a bare error message when there is none

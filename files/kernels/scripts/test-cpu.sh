@@ -19,10 +19,12 @@ wheel="$("$py" -c 'import _build_backend as b, sys; print(b.build_wheel(sys.argv
 export SM120_TEST_SITE="$work/site" SM120_TEST_WHEEL="$work/dist/$wheel"
 echo "sm120-kernels: testing $wheel"
 
-# The two tiers run at once (one core each; the interpreter tier is the longer),
-# each into its own log, printed whole when both have ended.
+# The two tiers run at once, each into its own log, printed whole when both have
+# ended. The interpreter tier is the longer (about 6 CPU minutes against 2), so it
+# runs on two pytest-xdist workers, each taking the next test as it finishes one.
 opts=(-q -p no:cacheprovider -m "not gpu" -o "addopts=" --durations=5)
-TRITON_INTERPRET=1 "$py" -m pytest "${opts[@]}" tests > "$work/interpreter.log" 2>&1 &
+TRITON_INTERPRET=1 "$py" -m pytest "${opts[@]}" -n "${SM120_INTERPRETER_WORKERS:-2}" tests \
+  > "$work/interpreter.log" 2>&1 &
 interp=$!
 env -u TRITON_INTERPRET "$py" -m pytest "${opts[@]}" tests > "$work/compiler.log" 2>&1 &
 compiler=$!
