@@ -30,7 +30,7 @@ def test_hook_targets_exist_with_expected_signatures():
     from sm120_kernels import plugin
 
     assert plugin.check_targets() == []
-    assert len(plugin.HOOK_TARGETS) == 8
+    assert len(plugin.HOOK_TARGETS) == 10
 
 
 def test_signature_check_catches_drift():

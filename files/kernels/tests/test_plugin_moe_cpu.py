@@ -29,8 +29,8 @@ def _runner_cfg(rsf=None, limit=None):
                            top_k=K, routed_scaling_factor=rsf, swiglu_limit=limit)
 
 
-def _layer(fmt, rsf, fused_rsf, limit):
-    W = M.random_weights(fmt, E, H, I, "cpu", seed=11, kn=fmt == "int4", pack=False)  # checkpoint order
+def _layer(fmt, rsf, fused_rsf, limit, seed=11):
+    W = M.random_weights(fmt, E, H, I, "cpu", seed=seed, kn=fmt == "int4", pack=False)  # checkpoint order
     P = torch.nn.Parameter
     if fmt == "nvfp4":
         layer = SimpleNamespace(
@@ -54,6 +54,10 @@ def _layer(fmt, rsf, fused_rsf, limit):
     return layer, method, W
 
 
+def _must_not_run(*a, **k):
+    raise AssertionError("SGLang's original ran for a layer we took over")
+
+
 @pytest.mark.parametrize("fmt,fused_rsf", [("nvfp4", True), ("int4", False)])
 def test_hooks_run_our_kernel(interpret, monkeypatch, fmt, fused_rsf):
     from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput, StandardDispatchOutput
@@ -66,11 +70,8 @@ def test_hooks_run_our_kernel(interpret, monkeypatch, fmt, fused_rsf):
     rsf, limit = 2.5, (10.0 if fmt == "nvfp4" else None)
     layer, method, W = _layer(fmt, rsf, fused_rsf, limit)
 
-    def must_not_run(*a, **k):
-        raise AssertionError("SGLang's original ran for a layer we took over")
-
     before = (layer.w13_weight if fmt == "nvfp4" else layer.w13_weight_packed).shape
-    assert plugin._around_process_weights(must_not_run, method, layer) is None
+    assert plugin._around_process_weights(_must_not_run, method, layer) is None
     ours = getattr(layer, plugin._ATTR)
     assert ours is not None and ours.packed
     # the layer's parameter now shares our packed words, in the shape SGLang loaded
@@ -83,13 +84,73 @@ def test_hooks_run_our_kernel(interpret, monkeypatch, fmt, fused_rsf):
     tw = torch.rand((T, K), generator=g) + 0.1
     disp = StandardDispatchOutput(hidden_states=x, hidden_states_scale=None,
                                   topk_output=StandardTopKOutput(tw, ids, torch.zeros(T, E)))
-    res = plugin._around_moe_apply(must_not_run, method, layer, disp)
+    res = plugin._around_moe_apply(_must_not_run, method, layer, disp)
     assert isinstance(res, StandardCombineInput)
     # rsf exactly once: by the router when it is fused there, else by us
     want_rsf = 1.0 if fused_rsf else rsf
     ref = M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=want_rsf, swiglu_limit=limit)
     r = compare(res.hidden_states, ref)
     assert r.ok, r.detail
+
+
+# what SGLang's loader writes per expert: words, block scales and (NVFP4) global scales
+_LOADED = {"nvfp4": plugin._MODELOPT_PARAMS + ("w13_weight_scale_2", "w2_weight_scale_2"),
+           "int4": plugin._CT_PARAMS}
+
+
+def _loaded_bytes(layer, fmt):
+    return {name: getattr(layer, name).data.contiguous().view(torch.uint8).clone() for name in _LOADED[fmt]}
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
+def test_weight_update_restores_the_checkpoint_layout_then_repacks(interpret, monkeypatch, fmt):
+    """SGLang's weight update (update_weights_from_disk / _tensor / _distributed):
+    restore_weights_before_loading, then load (here only expert 1, as a partial
+    update does), then process_weights_after_loading. The layer must give the
+    bytes it loaded back, and then compute with the new expert 1 and the old 0 and 2."""
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    monkeypatch.setattr(M, "_BENCH_CONFIG_OVERRIDE", {})
+    import sm120_kernels.configs as C
+
+    monkeypatch.setattr(C, "get_config", lambda *a, **k: CFG)
+    layer, method, _ = _layer(fmt, None, True, None)
+    loaded = _loaded_bytes(layer, fmt)
+    plugin._around_process_weights(_must_not_run, method, layer)
+    assert getattr(layer, plugin._ATTR).packed
+
+    assert plugin._around_restore_weights(_must_not_run, method, layer) is None
+    assert getattr(layer, plugin._ATTR, None) is None
+    restored = _loaded_bytes(layer, fmt)
+    for name in _LOADED[fmt]:
+        assert torch.equal(restored[name], loaded[name]), f"{name} is not the checkpoint layout after restore"
+
+    new, _, _ = _layer(fmt, None, True, None, seed=12)
+    expected, _, _ = _layer(fmt, None, True, None)
+    for name in _LOADED[fmt]:
+        getattr(layer, name).data[1].copy_(getattr(new, name).data[1])
+        getattr(expected, name).data[1].copy_(getattr(new, name).data[1])
+    plugin._around_process_weights(_must_not_run, method, layer)
+    W_expected = plugin._modelopt_weights(expected) if fmt == "nvfp4" else plugin._ct_weights(method, expected)
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn((T, H), generator=g).to(torch.bfloat16)
+    ids = torch.tensor([[0, 1], [1, -1], [2, 1], [-1, -1]], dtype=torch.int32)
+    tw = torch.rand((T, K), generator=g) + 0.1
+    disp = StandardDispatchOutput(hidden_states=x, hidden_states_scale=None,
+                                  topk_output=StandardTopKOutput(tw, ids, torch.zeros(T, E)))
+    res = plugin._around_moe_apply(_must_not_run, method, layer, disp)
+    ref = M.moe_w4a16_reference(x, W_expected, tw, ids, routed_scaling_factor=1.0, swiglu_limit=None)
+    r = compare(res.hidden_states, ref)
+    assert r.ok, r.detail
+
+
+def test_restore_leaves_layers_not_taken_over_to_sglang():
+    layer, method, _ = _layer("int4", None, True, None)
+    calls = []
+    plugin._around_restore_weights(lambda *a, **k: calls.append("restore"), method, layer)
+    assert calls == ["restore"]
 
 
 def test_layers_not_taken_over_use_sglang(monkeypatch):

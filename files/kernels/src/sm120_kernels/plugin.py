@@ -36,7 +36,11 @@ _TOPK = "sglang.srt.layers.moe.topk"
 HOOK_TARGETS = {
     f"{_MOE}.modelopt_quant.ModelOptNvFp4FusedMoEMethod.process_weights_after_loading": ["self", "layer"],
     f"{_MOE}.modelopt_quant.ModelOptNvFp4FusedMoEMethod.apply": ["self", "layer", "dispatch_output"],
+    # a weight update (update_weights_from_disk / _tensor / _distributed) calls this
+    # before it loads checkpoint-format tensors into the layer's parameters
+    f"{_MOE}.modelopt_quant.ModelOptNvFp4FusedMoEMethod.restore_weights_before_loading": ["self", "layer"],
     f"{_CT}.CompressedTensorsWNA16MoE.process_weights_after_loading": ["self", "layer"],
+    f"{_CT}.CompressedTensorsWNA16MoE.restore_weights_before_loading": ["self", "layer"],
     f"{_CT}.CompressedTensorsWNA16MoE.apply_weights": ["self", "layer", "dispatch_output"],
     f"{_CT}.CompressedTensorsWNA16TritonMoE.process_weights_after_loading": ["self", "layer"],
     f"{_CT}.CompressedTensorsWNA16TritonMoE.apply_weights": ["self", "layer", "dispatch_output"],
@@ -176,6 +180,7 @@ def register():
 
     hooks = {
         "process_weights_after_loading": _around_process_weights,
+        "restore_weights_before_loading": _around_restore_weights,
         "apply": _around_moe_apply,
         "apply_weights": _around_moe_apply,
         "biased_topk_jit_kernel_impl": _around_biased_topk,
@@ -294,6 +299,33 @@ def _around_process_weights(original, self, layer, *args, **kwargs):
         return original(self, layer, *args, **kwargs)
     # our kernels read the checkpoint layout directly: skip SGLang's repacking
     setattr(layer, _ATTR, weights)
+    return None
+
+
+# the parameters _modelopt_weights / _ct_weights rebind, in the order of
+# (w13 words, w13 scales, w2 words, w2 scales)
+_MODELOPT_PARAMS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
+_CT_PARAMS = ("w13_weight_packed", "w13_weight_scale", "w2_weight_packed", "w2_weight_scale")
+
+
+def _around_restore_weights(original, self, layer, *args, **kwargs):
+    """Before a weight update: put the checkpoint layout back into the layer's
+    parameters, which share our repacked tensors. The update then loads new
+    tensors into them (all experts, or only some), and process_weights_after_loading
+    repacks the whole layer from a consistent checkpoint-layout state; without
+    this, experts the update does not touch would be repacked a second time."""
+    weights = getattr(layer, _ATTR, None)
+    if weights is None:
+        return original(self, layer, *args, **kwargs)
+    modelopt = hasattr(layer, "w13_weight_scale_2")
+    names = _MODELOPT_PARAMS if modelopt else _CT_PARAMS
+    layouts = (weights.words("w13"), weights.scales("s13"), weights.words("w2"), weights.scales("s2"))
+    for name, tensor in zip(names, layouts):
+        param = getattr(layer, name)
+        if not modelopt:  # SGLang loads compressed-tensors transposed: [E, K/8, N], [E, K/32, N]
+            tensor = tensor.transpose(1, 2)
+        param.data = tensor.contiguous().view(param.dtype).view(param.shape)
+    delattr(layer, _ATTR)
     return None
 
 
