@@ -13,11 +13,16 @@ import os
 import pytest
 
 sglang_spec = importlib.util.find_spec("sglang")
-pytestmark = [
-    pytest.mark.skipif(sglang_spec is None, reason="sglang not installed"),
-    # no kernel runs here: the compiler tier covers it, the interpreter tier need not repeat it
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="runs in the compiler tier"),
-]
+pytestmark = pytest.mark.skipif(sglang_spec is None, reason="sglang not installed")
+
+
+@pytest.fixture(autouse=True)
+def _one_tier(request):
+    """Each test runs in one tier: those that run kernels (they ask for the
+    `interpret` fixture) in the interpreter tier, the rest in the compiler tier."""
+    if os.environ.get("TRITON_INTERPRET") == "1" and "interpret" not in request.fixturenames:
+        pytest.skip("runs in the compiler tier")
+
 
 LOGITS_ARGS = ["q_fp8", "kvcache_fp8", "weight", "seq_lens", "page_table", "deep_gemm_metadata", "max_seq_len", "clean_logits"]
 

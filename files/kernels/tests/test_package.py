@@ -6,8 +6,11 @@ import zipfile
 
 import pytest
 
-from sm120_kernels import configs
-from sm120_kernels.models import DEEPSEEK_V4_FLASH, KIMI_K25, ep_share_routing
+if os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("runs in the compiler tier (no kernel runs here)", allow_module_level=True)
+
+from sm120_kernels import configs  # noqa: E402
+from sm120_kernels.models import DEEPSEEK_V4_FLASH, KIMI_K25, ep_share_routing  # noqa: E402
 
 
 def test_wheel_version_identifies_source():
