@@ -162,14 +162,15 @@ molecule-site/%:
 	  || { echo "==> molecule/$* FAILED after $$(( $$(date +%s) - start )) s"; exit 1; }
 
 # CI runs on 2 cores, and what bounds it is CPU time, so `make test` keeps both busy:
-# - the static checks (ansible-lint uses one core), the kernel tests (their interpreter
-#   and compiler tiers at once) and the monitoring tests run while the root filesystems
-#   download and unpack (debootstrap mostly waits on the network and the disk), and then
-#   while the lab lifecycle test boots and removes its hosts (it mostly waits on them);
-# - then the site scenario, the longest, in one lane and the role scenarios one after
-#   another in the other. Alone, the site scenario keeps the cores about half busy (it
-#   waits on health gates, restarts and timeouts). Beside two role lanes it took 35
-#   minutes instead of 19 and ended last, with the cores half idle again at the end.
+# - the static checks, the kernel tests (their interpreter and compiler tiers at once)
+#   and the monitoring tests run while the root filesystems download and unpack
+#   (debootstrap mostly waits on the network and the disk), and then while the lab
+#   lifecycle test boots and removes its hosts (it mostly waits on them);
+# - then two lanes: the site scenario, the longest, in one and the role scenarios one
+#   after another in the other; the lane that ends first takes the roles left. Alone, the
+#   site scenario keeps the cores about half busy (it waits on health gates, restarts and
+#   timeouts). Beside two role lanes it took 35 minutes instead of 19 and ended last,
+#   with the cores half idle again at the end.
 MOLECULE_JOBS ?= 2
 test:
 	@$(MAKE) --no-print-directory -j6 --output-sync=target test-static test-unit test-kernels \
