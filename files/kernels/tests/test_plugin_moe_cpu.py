@@ -58,15 +58,32 @@ def _must_not_run(*a, **k):
     raise AssertionError("SGLang's original ran for a layer we took over")
 
 
-@pytest.mark.parametrize("fmt,fused_rsf", [("nvfp4", True), ("int4", False)])
-def test_hooks_run_our_kernel(interpret, monkeypatch, fmt, fused_rsf):
-    from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput, StandardDispatchOutput
-    from sglang.srt.layers.moe.topk import StandardTopKOutput
-
+@pytest.fixture
+def frag_config(monkeypatch):
+    """Our kernels run with CFG, whatever config file matches this machine."""
     monkeypatch.setattr(M, "_BENCH_CONFIG_OVERRIDE", {})
     import sm120_kernels.configs as C
 
     monkeypatch.setattr(C, "get_config", lambda *a, **k: CFG)
+
+
+def _apply(method, layer, ids, seed):
+    """The apply hook on T random tokens routed to `ids`: (its output, x, top-k weights)."""
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((T, H), generator=g).to(torch.bfloat16)
+    tw = torch.rand((T, K), generator=g) + 0.1
+    disp = StandardDispatchOutput(hidden_states=x, hidden_states_scale=None,
+                                  topk_output=StandardTopKOutput(tw, ids, torch.zeros(T, E)))
+    return plugin._around_moe_apply(_must_not_run, method, layer, disp), x, tw
+
+
+@pytest.mark.parametrize("fmt,fused_rsf", [("nvfp4", True), ("int4", False)])
+def test_hooks_run_our_kernel(interpret, frag_config, fmt, fused_rsf):
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput
+
     rsf, limit = 2.5, (10.0 if fmt == "nvfp4" else None)
     layer, method, W = _layer(fmt, rsf, fused_rsf, limit)
 
@@ -78,13 +95,8 @@ def test_hooks_run_our_kernel(interpret, monkeypatch, fmt, fused_rsf):
     param = layer.w13_weight if fmt == "nvfp4" else layer.w13_weight_packed
     assert param.shape == before and param.data_ptr() == ours.w13.data_ptr()
 
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn((T, H), generator=g).to(torch.bfloat16)
     ids = torch.tensor([[0, 2], [1, -1], [2, 0], [-1, -1]], dtype=torch.int32)
-    tw = torch.rand((T, K), generator=g) + 0.1
-    disp = StandardDispatchOutput(hidden_states=x, hidden_states_scale=None,
-                                  topk_output=StandardTopKOutput(tw, ids, torch.zeros(T, E)))
-    res = plugin._around_moe_apply(_must_not_run, method, layer, disp)
+    res, x, tw = _apply(method, layer, ids, seed=1)
     assert isinstance(res, StandardCombineInput)
     # rsf exactly once: by the router when it is fused there, else by us
     want_rsf = 1.0 if fused_rsf else rsf
@@ -103,18 +115,11 @@ def _loaded_bytes(layer, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
-def test_weight_update_restores_the_checkpoint_layout_then_repacks(interpret, monkeypatch, fmt):
+def test_weight_update_restores_the_checkpoint_layout_then_repacks(interpret, frag_config, fmt):
     """SGLang's weight update (update_weights_from_disk / _tensor / _distributed):
     restore_weights_before_loading, then load (here only expert 1, as a partial
     update does), then process_weights_after_loading. The layer must give the
     bytes it loaded back, and then compute with the new expert 1 and the old 0 and 2."""
-    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
-    from sglang.srt.layers.moe.topk import StandardTopKOutput
-
-    monkeypatch.setattr(M, "_BENCH_CONFIG_OVERRIDE", {})
-    import sm120_kernels.configs as C
-
-    monkeypatch.setattr(C, "get_config", lambda *a, **k: CFG)
     layer, method, _ = _layer(fmt, None, True, None)
     loaded = _loaded_bytes(layer, fmt)
     plugin._around_process_weights(_must_not_run, method, layer)
@@ -134,13 +139,8 @@ def test_weight_update_restores_the_checkpoint_layout_then_repacks(interpret, mo
     plugin._around_process_weights(_must_not_run, method, layer)
     W_expected = plugin._modelopt_weights(expected) if fmt == "nvfp4" else plugin._ct_weights(method, expected)
 
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn((T, H), generator=g).to(torch.bfloat16)
     ids = torch.tensor([[0, 1], [1, -1], [2, 1], [-1, -1]], dtype=torch.int32)
-    tw = torch.rand((T, K), generator=g) + 0.1
-    disp = StandardDispatchOutput(hidden_states=x, hidden_states_scale=None,
-                                  topk_output=StandardTopKOutput(tw, ids, torch.zeros(T, E)))
-    res = plugin._around_moe_apply(_must_not_run, method, layer, disp)
+    res, x, tw = _apply(method, layer, ids, seed=2)
     ref = M.moe_w4a16_reference(x, W_expected, tw, ids, routed_scaling_factor=1.0, swiglu_limit=None)
     r = compare(res.hidden_states, ref)
     assert r.ok, r.detail
