@@ -234,29 +234,32 @@ def _takeover_problem(method, layer) -> str | None:
     return None
 
 
+# a layer's (w13 words, w13 scales, w2 words, w2 scales), in make_weights' argument order
+_MODELOPT_PARAMS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
+_CT_PARAMS = ("w13_weight_packed", "w13_weight_scale", "w2_weight_packed", "w2_weight_scale")
+
+
 def _modelopt_weights(layer):
     from .fused_moe_w4a16 import make_weights
 
     s13 = layer.w13_weight_scale_2
     if s13.dim() == 2 and s13.shape[1] >= 2 and not bool((s13[:, 0] == s13[:, 1]).all()):
         return None  # gate and up with different global scales: not covered
-    W = make_weights("nvfp4", layer.w13_weight.data, layer.w13_weight_scale.data,
-                     layer.w2_weight.data, layer.w2_weight_scale.data,
+    W = make_weights("nvfp4", *(getattr(layer, name).data for name in _MODELOPT_PARAMS),
                      s13.data, layer.w2_weight_scale_2.data)
-    _rebind(layer.w13_weight, W.w13)
-    _rebind(layer.w2_weight, W.w2)
-    if W.packed:
-        _rebind(layer.w13_weight_scale, W.s13)
-        _rebind(layer.w2_weight_scale, W.s2)
+    _rebind(layer, _MODELOPT_PARAMS, W)
     return W
 
 
-def _rebind(param, packed):
-    """Point the layer's weight or scale parameter at our repacked tensor (same
-    bytes, viewed in the parameter's dtype and shape), so the checkpoint-order
-    copy is freed and SGLang still sees the shapes it loaded."""
-    if packed.data_ptr() != param.data.data_ptr():
-        param.data = packed.view(param.dtype).view(param.shape)
+def _rebind(layer, names, W):
+    """Point the layer's word parameters (and, when packed, its scale parameters)
+    at our repacked tensors (same bytes, viewed in each parameter's dtype and
+    shape), so the checkpoint-order copies are freed and SGLang still sees the
+    shapes it loaded."""
+    for name, ours, scale in zip(names, (W.w13, W.s13, W.w2, W.s2), (False, True, False, True)):
+        param = getattr(layer, name)
+        if (W.packed or not scale) and ours.data_ptr() != param.data.data_ptr():
+            param.data = ours.view(param.dtype).view(param.shape)
 
 
 def _ct_weights(method, layer):
@@ -271,14 +274,9 @@ def _ct_weights(method, layer):
     # shapes that do not fit it, to [E, N, K/8] and [E, N, K/32]). The layer's
     # parameters become views of the repacked tensors (same shapes), so the
     # originals are freed.
-    W = make_weights("int4", layer.w13_weight_packed.data, layer.w13_weight_scale.data,
-                     layer.w2_weight_packed.data, layer.w2_weight_scale.data, kn=True)
-    _rebind(layer.w13_weight_packed, W.w13)
-    _rebind(layer.w2_weight_packed, W.w2)
-    if W.packed:
-        _rebind(layer.w13_weight_scale, W.s13)
-        _rebind(layer.w2_weight_scale, W.s2)
-    else:
+    W = make_weights("int4", *(getattr(layer, name).data for name in _CT_PARAMS), kn=True)
+    _rebind(layer, _CT_PARAMS, W)
+    if not W.packed:
         layer.w13_weight_scale.data = W.s13.transpose(1, 2)
         layer.w2_weight_scale.data = W.s2.transpose(1, 2)
     return W
@@ -300,12 +298,6 @@ def _around_process_weights(original, self, layer, *args, **kwargs):
     # our kernels read the checkpoint layout directly: skip SGLang's repacking
     setattr(layer, _ATTR, weights)
     return None
-
-
-# the parameters _modelopt_weights / _ct_weights rebind, in the order of
-# (w13 words, w13 scales, w2 words, w2 scales)
-_MODELOPT_PARAMS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
-_CT_PARAMS = ("w13_weight_packed", "w13_weight_scale", "w2_weight_packed", "w2_weight_scale")
 
 
 def _around_restore_weights(original, self, layer, *args, **kwargs):
