@@ -4,9 +4,10 @@ cases, both bench figures (single call: CUDA-graph replay, L2 cleared; in
 stream: the bench's input sets back to back in one graph; medians), each
 checked against the reference first.
 
-    PYTHONPATH=src python3 scripts/moe_sweep.py [--both] [--key KEY] [batch ...]
+    PYTHONPATH=src python3 scripts/moe_sweep.py [--both | --only-both] [--key KEY] [batch ...]
 """
 import argparse
+import json
 
 import torch
 from triton.testing import do_bench
@@ -18,29 +19,40 @@ from sm120_kernels.models import MODELS, ep_share_routing
 from sm120_kernels.registry import compare, graphed
 
 
-# (config key, value) tried on top of the shipped config, one GEMM at a time
-VARIANTS = [("pipe", True), ("pipe", False), ("depth", 1), ("depth", 2), ("depth", 3), ("depth", 4)]
+# variants tried on top of the shipped config, one GEMM at a time: the keys
+# they set (maxnreg: the register cap given to ptxas; with it ptxas issues a
+# pipe step's loads before the step's MMAs instead of sinking them to the
+# loop's end; scales_ahead: a pipe step decodes the next step's scales)
+PIPE2 = {"pipe": True, "depth": 2}
+VARIANTS = [{"pipe": True}, {"pipe": False}, {"depth": 1}, {"depth": 2}, {"depth": 3}, {"depth": 4},
+            {"maxnreg": 128}, {"maxnreg": 168},
+            {**PIPE2, "maxnreg": 128}, {**PIPE2, "maxnreg": 168}, {**PIPE2, "maxnreg": 128, "scales_ahead": True},
+            {**PIPE2, "maxnreg": 168, "scales_ahead": True}, {**PIPE2, "scales_ahead": True}]
 
 
-def with_variant(cfg: dict, key: str, val) -> dict:
-    """cfg with key = val; depth 3 and 4 are the register ring only (pipe false)."""
-    out = {**cfg, key: val}
-    if out["pipe"] and out.get("depth", 1) > 2:  # pipe runs depth 1 and 2 only
-        if key == "depth":
-            out["pipe"] = False
-        else:
-            out["depth"] = 2
+def with_variant(cfg: dict, var: dict) -> dict:
+    """cfg with var's keys (scales_ahead only where the result pipes)."""
+    out = {**cfg, **var}
+    if not out["pipe"]:
+        out.pop("scales_ahead", None)
     return out
+
+
+def label(var: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in var.items())
 
 
 def main():
     ap = argparse.ArgumentParser(prog="scripts/moe_sweep.py")
     ap.add_argument("batches", nargs="*", type=int, default=[1, 8, 64])
     ap.add_argument("--both", action="store_true", help="also each variant on both GEMMs at once")
-    ap.add_argument("--key", choices=sorted({k for k, _ in VARIANTS}), help="only the variants of this config key")
+    ap.add_argument("--key", choices=sorted({k for v in VARIANTS for k in v}), help="only the variants setting this key")
+    ap.add_argument("--only-both", action="store_true", help="only the variants on both GEMMs at once")
+    ap.add_argument("--var", action="append", type=json.loads, metavar="JSON",
+                    help='a variant to try instead of VARIANTS, e.g. \'{"maxnreg": 96}\' (repeatable)')
     args = ap.parse_args()
     dev = torch.device("cuda")
-    variants_tried = [(k, v) for k, v in VARIANTS if args.key in (None, k)]
+    variants_tried = [v for v in (args.var or VARIANTS) if args.key is None or args.key in v]
     for model in MODELS:
         W = M._model_weights(model, dev)
         for b in args.batches:
@@ -50,12 +62,13 @@ def main():
             kw = dict(routed_scaling_factor=model.routed_scaling_factor, swiglu_limit=model.swiglu_limit)
             ref = M.moe_w4a16_reference(x, W, tw, ids, **kw)
             o = torch.empty_like(x)
-            variants = [(f"{part} {key}={val}", {**shipped, part: with_variant(shipped[part], key, val)})
-                        for part in ("gate_up", "down") for key, val in variants_tried]
-            if args.both:
-                variants += [(f"both {key}={val}", {**shipped, **{part: with_variant(shipped[part], key, val)
-                                                                    for part in ("gate_up", "down")}})
-                             for key, val in variants_tried]
+            variants = [] if args.only_both else [
+                (f"{part} {label(var)}", {**shipped, part: with_variant(shipped[part], var)})
+                for part in ("gate_up", "down") for var in variants_tried]
+            if args.both or args.only_both:
+                variants += [(f"both {label(var)}", {**shipped, **{part: with_variant(shipped[part], var)
+                                                                     for part in ("gate_up", "down")}})
+                             for var in variants_tried]
             for name, cfg in [("shipped", shipped)] + variants:
                 if cfg == shipped and name != "shipped":
                     continue
@@ -69,7 +82,7 @@ def main():
                 ts = stream_time_us(spec.stream_calls)[0]
                 del spec
                 M._BENCH_CONFIG_OVERRIDE.pop((model.fmt, b))
-                print(f"{model.name:18s} b{b:<3d} {name:22s} {t:7.1f} us  in stream {ts:7.1f} us  "
+                print(f"{model.name:18s} b{b:<3d} {name:52s} {t:7.1f} us  in stream {ts:7.1f} us  "
                       f"{'ok' if res.ok else 'FAIL ' + res.detail}", flush=True)
 
 

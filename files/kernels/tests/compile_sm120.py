@@ -11,7 +11,8 @@ import sys
 assert os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 import triton  # noqa: E402
-from sm120_compile_util import SM120, SM120_SHARED_LIMIT, compile_sm120, hottest_loop, opcode_mix  # noqa: E402
+from sm120_compile_util import (SM120, SM120_SHARED_LIMIT, compile_sm120, hottest_loop, load_use_distance,  # noqa: E402
+                                opcode_mix)
 
 from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F, routing as R  # noqa: E402
 from sm120_kernels.models import MODELS  # noqa: E402
@@ -19,14 +20,17 @@ from sm120_kernels.models import MODELS  # noqa: E402
 
 def compile_one(fn, signature, constexprs, num_warps, num_stages, k_loop=False, target=SM120):
     """Resources of one build (sm_120 unless told); with k_loop, also its hottest
-    loop's length, HMMA count and instruction classes (from the SASS)."""
+    loop's length, HMMA count and instruction classes (from the SASS).
+    constexprs["maxnreg"], where present, is the launch's register cap."""
     sig = {k: v for k, v in signature.items() if v != "constexpr"}
-    r = compile_sm120(fn, sig, constexprs, num_warps, num_stages, target=target, sass=k_loop)
+    constexprs = dict(constexprs)
+    maxnreg = constexprs.pop("maxnreg", None)
+    r = compile_sm120(fn, sig, constexprs, num_warps, num_stages, target=target, sass=k_loop, maxnreg=maxnreg)
     res = {"shared": r["shared"], "spills": r["spills"], "registers": r["registers"], "stack": r["stack"]}
     if k_loop:
         body = hottest_loop(r["sass"])
         res.update(loop_instructions=len(body), loop_hmma=sum(op.startswith("HMMA") for _, op, _ in body),
-                   loop_mix=opcode_mix(body))
+                   loop_mix=opcode_mix(body), loop_load_use=load_use_distance(body))
     return res
 
 
@@ -67,7 +71,8 @@ def _gemm_variants():
                                  HAS_LIMIT=bool(model.swiglu_limit) and gated, NT=c["NT"], NW=c["num_warps"],
                                  RT=1 if gated else c.get("RT", 1), PIPE=c["pipe"], DEPTH=c.get("depth", 1),
                                  EVEN_K=k_words % (c["num_warps"] * c.get("depth", 1)) == 0, INTERP=False,
-                                 DIRECT=False, KP=1)
+                                 DIRECT=False, KP=1, SCALES_AHEAD=bool(c.get("scales_ahead")),
+                                 **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") else {}))
                     yield f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig, const, c["num_warps"], 1
                     if bucket == "1" and c["NT"] == 1:  # one token: the two-launch path (bf16 output)
                         yield (f"{fname}:{fmt}:{bucket}:{kernel}:direct", F._moe_frag_kernel,

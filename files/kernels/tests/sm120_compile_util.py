@@ -34,14 +34,16 @@ def _ptxas() -> str:
 
 
 def compile_sm120(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int = 3,
-                  target: GPUTarget = SM120, sass: bool = False) -> dict:
+                  target: GPUTarget = SM120, sass: bool = False, maxnreg: int | None = None) -> dict:
     """Compile for `target` (sm_120 unless told; GPUTarget("cuda", 90, 32) is the H200's
-    sm_90a); with sass=True the result also holds the cubin's SASS."""
+    sm_90a); with sass=True the result also holds the cubin's SASS. maxnreg: the
+    launch's register cap (Triton writes it into the PTX as .maxnreg)."""
     sig = dict(signature)
     for k in constexprs:
         sig[k] = "constexpr"
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
-    k = triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
+    k = triton.compile(src, target=target, options=options)
     ptx = k.asm["ptx"]
     arch = f"sm_{target.arch}a"
     assert f".target {arch}" in ptx, f"not compiled for {arch}"
@@ -125,3 +127,30 @@ def opcode_mix(body) -> dict:
                    "other")
         counts[cls] += 1
     return dict(counts)
+
+
+def load_use_distance(body) -> dict:
+    """Per load kind in a loop body (hottest_loop): the fewest instructions,
+    as a fraction of the loop, from a load to the first instruction that reads
+    its destination, going round the loop. "weights" are the streamed
+    LDG.E.NA.128 (L1::no_allocate) words, "scales" the 16-bit loads, "other"
+    the rest. Near 0: the load is waited for right after it issues (ptxas sank
+    it to the loop's end, or copies it at once); near 1: a whole iteration's
+    work covers its latency."""
+    n = len(body)
+    out = {}
+    for i, (_, op, rest) in enumerate(body):
+        m = re.match(r"\s*(?:@!?U?P\w+\s+)?R(\d+)", rest)
+        if not op.startswith("LDG") or not m:
+            continue
+        width = 4 if ".128" in op else 2 if ".64" in op else 1
+        regs = [f"R{int(m.group(1)) + j}" for j in range(width)]
+        kind = "weights" if ".NA." in op else "scales" if ".U16" in op else "other"
+        for d in range(1, n + 1):
+            _, op2, rest2 = body[(i + d) % n]
+            srcs = rest2 if op2.startswith(("ST", "RED")) or "," not in rest2 else rest2.split(",", 1)[1]
+            if any(re.search(rf"\b{r}\b", srcs) for r in regs):
+                out[kind] = min(out.get(kind, 1.0), d / n)
+                break
+    return out
+

@@ -1,6 +1,7 @@
 """Every shipped MoE/routing config cross-compiled for sm_120 with the installed
 Triton (3.8.0 in the pinned stack): shared memory <= 101,376 B, no spills; the
-fragment kernel's K loop within its instruction budget per packed word."""
+fragment kernel's K loop within its instruction budget per packed word and,
+under a register cap, with its loads issued well ahead of their use."""
 
 import os
 
@@ -39,3 +40,10 @@ def test_compiles_for_sm120(variant):
         per_word = res["loop_instructions"] / words
         assert per_word <= K_LOOP_BUDGET[const["NT"]], (name, round(per_word, 2), res["loop_mix"])
         assert "local" not in res["loop_mix"], res
+        if const.get("maxnreg"):
+            # what the register cap is for: ptxas keeps the step's weight and scale
+            # loads half a loop or more ahead of their first use (without it they
+            # are sunk to the loop's end and read at once: 0.04-0.35 of the loop
+            # in these builds; README, "Sixth round")
+            dist = res["loop_load_use"]
+            assert min(dist["weights"], dist["scales"]) >= 0.5, (name, dist)

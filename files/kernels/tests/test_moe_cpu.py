@@ -40,7 +40,14 @@ CFG_RING3 = {"gate_up": dict(kernel="frag", NT=1, num_warps=2, pipe=False, depth
 CFG_RING4 = {"gate_up": dict(kernel="frag", NT=1, num_warps=1, pipe=False, depth=4),
              "down": dict(kernel="frag", NT=1, num_warps=2, pipe=False, depth=3, RT=1)}
 VARIANTS += [("int4", True, 3, "ring3"), ("nvfp4", False, 1, "ring4")]
-FAMILY_CFG = {"mma": CFG, "frag": CFG_FRAG, "frag2": CFG_FRAG2, "ring3": CFG_RING3, "ring4": CFG_RING4}
+# pipe steps of 3 and 4 K groups per warp, the gate/up decoding the next
+# step's scales (scales_ahead), with clamped groups as in the ring cases;
+# maxnreg only reaches ptxas (not the interpreter)
+CFG_AHEAD = {"gate_up": dict(kernel="frag", NT=1, num_warps=2, pipe=True, depth=3, scales_ahead=True, maxnreg=128),
+             "down": dict(kernel="frag", NT=1, num_warps=1, pipe=True, depth=4, RT=2)}
+VARIANTS += [("int4", True, 3, "ahead"), ("nvfp4", False, 1, "ahead")]
+FAMILY_CFG = {"mma": CFG, "frag": CFG_FRAG, "frag2": CFG_FRAG2, "ring3": CFG_RING3, "ring4": CFG_RING4,
+              "ahead": CFG_AHEAD}
 
 
 @pytest.mark.parametrize("fmt,kn,T,family", VARIANTS)
@@ -51,7 +58,7 @@ def test_moe_matches_reference(interpret, fmt, kn, T, family):
     # out of range; T=20 puts more than 16 tokens on one expert (two blocks);
     # ring: H=448, I=192.
     E, H, I, k = 4, (320 if family == "mma" else 128), (96 if family == "mma" else 64), 3
-    if family.startswith("ring"):
+    if family.startswith("ring") or family == "ahead":
         H, I = 448, 192  # 7 and 3 K groups: not a multiple of any ring step (4 or 6 groups), so each ends on clamped ones
     g = torch.Generator().manual_seed(T)
     ids = torch.randint(0, 3, (T, k), generator=g, dtype=torch.int32)

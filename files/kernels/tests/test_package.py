@@ -81,8 +81,9 @@ def test_bench_plot_writes_png(tmp_path):
 def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
     """bench --tune keeps the fastest candidate per GEMM, then at batch 1 the
     fastest one-token grid (direct_split 1, 2, 3, top_k, the rule) or the
-    four-launch path; other batches get no one-token keys. Timings are faked
-    from the config under trial (no GPU)."""
+    four-launch path, then the fastest register cap on it; other batches get
+    no one-token or register-cap keys. Timings are faked from the config
+    under trial (no GPU)."""
     from types import SimpleNamespace
 
     from sm120_kernels import bench
@@ -97,6 +98,7 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
         gu, down = cfg["gate_up"], cfg["down"]
         t = 100.0 - 5 * gu["num_warps"] / 16 - 3 * down.get("RT", 1) - 2 * down.get("depth", 1)
         t -= {None: 0, 1: 1, 2: 4, 3: 2, model.top_k: 3}[gu.get("direct_split")]
+        t -= 0.5 * bool(gu.get("maxnreg")) + 0.25 * bool(gu.get("scales_ahead"))
         return t + (50 if cfg.get("direct") is False else 0)
 
     def make(dev):
@@ -112,9 +114,13 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
     assert best["gate_up"]["num_warps"] == 16 and best["down"]["RT"] == 2 and best["down"]["depth"] == 4
     if batch == 1:
         assert best["gate_up"]["direct_split"] == 2 and best.get("direct", True)
+        # then the register cap on that grid, with the scales decoded ahead
+        assert {k: best["gate_up"][k] for k in ("pipe", "depth", "maxnreg", "scales_ahead")} == dict(
+            pipe=True, depth=2, maxnreg=128, scales_ahead=True)
         splits = {c["gate_up"].get("direct_split") for c in tried}
         assert splits == {None, 1, 2, 3, model.top_k}
         assert any(c.get("direct") is False for c in tried)
     else:
         assert all("direct_split" not in c["gate_up"] and "direct" not in c for c in tried)
+        assert all("maxnreg" not in c["gate_up"] and "maxnreg" not in c["down"] for c in tried)
     assert M._BENCH_CONFIG_OVERRIDE[key] == best

@@ -432,11 +432,54 @@ def _load_tile(wp, sp, kg, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _tile_step(acc, raw, xs, ok, tq, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
-               EVEN_K: tl.constexpr, INTERP: tl.constexpr):
-    """acc (4 NT fp32 per lane) += one row tile's K group (four MMAs)."""
+def _decode_tile(raw, ok, tq, FMT: tl.constexpr, NW: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
+    """A row tile's loads with its scale fragment decoded (_tile_step's s_lo,
+    s_hi in place of the raw fragment)."""
     lo, hi = _scale_rows(raw[4], tq, FMT, NW, INTERP)
     s_lo, s_hi = _scale_pairs(lo, hi, ok, FMT, EVEN_K, INTERP)
+    return (raw[0], raw[1], raw[2], raw[3], s_lo, s_hi)
+
+
+@triton.jit
+def _decode(ld, ok, tq, FMT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr, EVEN_K: tl.constexpr,
+            INTERP: tl.constexpr):
+    """_group_loads' result with both row tiles' scales decoded (SCALES_AHEAD)."""
+    t0 = _decode_tile(ld[0], ok, tq, FMT, NW, EVEN_K, INTERP)
+    t1 = t0
+    if TWO:
+        t1 = _decode_tile(ld[1], ok, tq, FMT, NW, EVEN_K, INTERP)
+    return t0, t1, ld[2]
+
+
+@triton.jit
+def _decode_sets(la, lb, lc, ld, kg, KG, tq, FMT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr,
+                 DEPTH: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
+    """_decode of the DEPTH register sets holding K groups kg, kg + NW, ...
+    (the unused sets are copies of the first, as in the kernel)."""
+    a = _decode(la, kg < KG, tq, FMT, NW, TWO, EVEN_K, INTERP)
+    b = a
+    c = a
+    d = a
+    if DEPTH >= 2:
+        b = _decode(lb, kg + NW < KG, tq, FMT, NW, TWO, EVEN_K, INTERP)
+    if DEPTH >= 3:
+        c = _decode(lc, kg + 2 * NW < KG, tq, FMT, NW, TWO, EVEN_K, INTERP)
+    if DEPTH >= 4:
+        d = _decode(ld, kg + 3 * NW < KG, tq, FMT, NW, TWO, EVEN_K, INTERP)
+    return a, b, c, d
+
+
+@triton.jit
+def _tile_step(acc, raw, xs, ok, tq, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
+               EVEN_K: tl.constexpr, INTERP: tl.constexpr, DECODED: tl.constexpr = False):
+    """acc (4 NT fp32 per lane) += one row tile's K group (four MMAs).
+    DECODED: raw holds the decoded scales (_decode_tile), not the fragment."""
+    if DECODED:
+        s_lo = raw[4]
+        s_hi = raw[5]
+    else:
+        lo, hi = _scale_rows(raw[4], tq, FMT, NW, INTERP)
+        s_lo, s_hi = _scale_pairs(lo, hi, ok, FMT, EVEN_K, INTERP)
     for j in tl.static_range(4):
         if NT == 1:
             b = (xs[2 * j], xs[2 * j + 1])
@@ -468,10 +511,10 @@ def _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, kg, NT: tl.constexp
 
 @triton.jit
 def _group_compute(acc0, acc1, ld, ok, tq, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr,
-                   EVEN_K: tl.constexpr, INTERP: tl.constexpr):
-    acc0 = _tile_step(acc0, ld[0], ld[2], ok, tq, FMT, NT, NW, EVEN_K, INTERP)
+                   EVEN_K: tl.constexpr, INTERP: tl.constexpr, DECODED: tl.constexpr = False):
+    acc0 = _tile_step(acc0, ld[0], ld[2], ok, tq, FMT, NT, NW, EVEN_K, INTERP, DECODED)
     if TWO:
-        acc1 = _tile_step(acc1, ld[1], ld[2], ok, tq, FMT, NT, NW, EVEN_K, INTERP)
+        acc1 = _tile_step(acc1, ld[1], ld[2], ok, tq, FMT, NT, NW, EVEN_K, INTERP, DECODED)
     return acc0, acc1
 
 
@@ -524,6 +567,7 @@ def _moe_frag_kernel(
     FMT: tl.constexpr, GATED: tl.constexpr, X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr,
     NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
     EVEN_K: tl.constexpr, INTERP: tl.constexpr, DIRECT: tl.constexpr = False, KP: tl.constexpr = 1,
+    SCALES_AHEAD: tl.constexpr = False,
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -607,8 +651,12 @@ def _moe_frag_kernel(
             # ...). Ring (not PIPE): each set is multiplied, then reloaded in
             # place with the group DEPTH steps ahead, so a load has the other
             # sets' MMAs to land in and needs no register copy (a copy of a
-            # value still in flight stalls the warp until it lands). PIPE
-            # (DEPTH <= 2): all of the next step's loads, then this step's MMAs.
+            # value still in flight stalls the warp until it lands). PIPE: all
+            # of the next step's loads, then this step's MMAs. Where ptxas puts
+            # the loads is its choice: under its default register budget it
+            # sinks them to the loop's end (each step then waits a full memory
+            # latency); a launch with maxnreg lets it keep them first (README,
+            # "Sixth round").
             kg = warp
             step = NW * DEPTH
             src = (wp0, wp1, sp0, sp1, xb, xb2, valid, valid2)
@@ -622,17 +670,40 @@ def _moe_frag_kernel(
                 lc = _loads_at(src, kg + 2 * NW, KG, NT, TWO, INTERP)
             if DEPTH >= 4:
                 ld = _loads_at(src, kg + 3 * NW, KG, NT, TWO, INTERP)
+            if SCALES_AHEAD:  # pipe only: the register sets carry decoded scales
+                la, lb, lc, ld = _decode_sets(la, lb, lc, ld, kg, KG, tq, FMT, NW, TWO, DEPTH, EVEN_K, INTERP)
             for it in range(0, tl.cdiv(KG, step)):
                 if PIPE:
-                    ca = la
-                    cb = lb
-                    la = _loads_at(src, kg + step, KG, NT, TWO, INTERP)
-                    if DEPTH == 2:
-                        lb = _loads_at(src, kg + step + NW, KG, NT, TWO, INTERP)
-                    acc0, acc1 = _group_compute(acc0, acc1, ca, kg < KG, tq, FMT, NT, NW, TWO, EVEN_K, INTERP)
-                    if DEPTH == 2:
-                        acc0, acc1 = _group_compute(acc0, acc1, cb, kg + NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
-                                                    INTERP)
+                    # every set's next loads, then this step's MMAs; with
+                    # SCALES_AHEAD the next scales are decoded after the MMAs
+                    na = _loads_at(src, kg + step, KG, NT, TWO, INTERP)
+                    nb = na
+                    nc = na
+                    nd = na
+                    if DEPTH >= 2:
+                        nb = _loads_at(src, kg + step + NW, KG, NT, TWO, INTERP)
+                    if DEPTH >= 3:
+                        nc = _loads_at(src, kg + step + 2 * NW, KG, NT, TWO, INTERP)
+                    if DEPTH >= 4:
+                        nd = _loads_at(src, kg + step + 3 * NW, KG, NT, TWO, INTERP)
+                    acc0, acc1 = _group_compute(acc0, acc1, la, kg < KG, tq, FMT, NT, NW, TWO, EVEN_K, INTERP,
+                                                SCALES_AHEAD)
+                    if DEPTH >= 2:
+                        acc0, acc1 = _group_compute(acc0, acc1, lb, kg + NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
+                                                    INTERP, SCALES_AHEAD)
+                    if DEPTH >= 3:
+                        acc0, acc1 = _group_compute(acc0, acc1, lc, kg + 2 * NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
+                                                    INTERP, SCALES_AHEAD)
+                    if DEPTH >= 4:
+                        acc0, acc1 = _group_compute(acc0, acc1, ld, kg + 3 * NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
+                                                    INTERP, SCALES_AHEAD)
+                    if SCALES_AHEAD:
+                        na, nb, nc, nd = _decode_sets(na, nb, nc, nd, kg + step, KG, tq, FMT, NW, TWO, DEPTH, EVEN_K,
+                                                      INTERP)
+                    la = na
+                    lb = nb
+                    lc = nc
+                    ld = nd
                 else:
                     acc0, acc1, la = _ring_step(acc0, acc1, la, src, kg, step, KG, tq, FMT, NT, NW, TWO, EVEN_K,
                                                 INTERP)
@@ -742,7 +813,9 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         "scales must be frag_pack_scales' fragments", s.dtype, s.shape, s.stride())
     nt, nw = cfg["NT"], cfg["num_warps"]
     depth = cfg.get("depth", 1)
-    assert depth in (1, 2, 3, 4) and not (cfg["pipe"] and depth > 2), f"depth 1-4, pipe only up to depth 2: {cfg}"
+    assert depth in (1, 2, 3, 4), f"depth 1-4: {cfg}"
+    scales_ahead = bool(cfg.get("scales_ahead"))
+    assert cfg["pipe"] or not scales_ahead, f"scales_ahead is a pipe option: {cfg}"
     rt = 1 if gated else cfg.get("RT", 1)
     assert (n_out // 16) % rt == 0
     tiles = n_out // 16 // rt
@@ -765,7 +838,8 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
         NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=depth, EVEN_K=KG % (nw * depth) == 0,
         INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
-        num_warps=nw, num_stages=1,
+        SCALES_AHEAD=scales_ahead, num_warps=nw, num_stages=1,
+        **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") else {}),
     )
 
 

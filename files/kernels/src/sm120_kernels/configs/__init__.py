@@ -10,9 +10,12 @@ whose max_tokens >= the batch is used, else the largest. cfg is for the
 fragment kernel (fused_moe_w4a16_frag, what packed weights run on): kernel
 "frag", NT (8 NT tokens per expert block), num_warps (the warps that split K),
 depth (K groups per warp and step: register sets in flight, 1 to 4; default
-1), pipe (depth 1 or 2 only: all of the next step's loads issued before this
-step's MMAs; false: the register ring, each set reloaded in place right after
-its MMAs) and, for the down GEMM, RT (row tiles per program).
+1), pipe (all of the next step's loads issued before this step's MMAs; false:
+the register ring, each set reloaded in place right after its MMAs) and, for
+the down GEMM, RT (row tiles per program). Optional: maxnreg (the launch's
+register cap; under it ptxas keeps a pipe step's loads ahead of its MMAs),
+scales_ahead (pipe only: a step decodes the next step's block scales after its
+MMAs) and, at one token, direct_split and direct (fused_moe_w4a16_frag).
 """
 
 from __future__ import annotations
