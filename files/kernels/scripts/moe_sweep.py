@@ -46,7 +46,8 @@ def main():
     ap = argparse.ArgumentParser(prog="scripts/moe_sweep.py")
     ap.add_argument("batches", nargs="*", type=int, default=[1, 8, 64])
     ap.add_argument("--both", action="store_true", help="also each variant on both GEMMs at once")
-    ap.add_argument("--key", choices=sorted({k for v in VARIANTS for k in v}), help="only the variants setting this key")
+    ap.add_argument("--key", choices=sorted({k for v in VARIANTS for k in v}),
+                    help="only the variants setting this key")
     ap.add_argument("--only-both", action="store_true", help="only the variants on both GEMMs at once")
     ap.add_argument("--var", action="append", type=json.loads, metavar="JSON",
                     help='a variant to try instead of VARIANTS, e.g. \'{"maxnreg": 96}\' (repeatable)')
