@@ -133,8 +133,9 @@ def load_use_distance(body) -> dict:
     """Per load kind in a loop body (hottest_loop): the fewest instructions,
     as a fraction of the loop, from a load to the first instruction that reads
     its destination, going round the loop. "weights" are the streamed
-    LDG.E.NA.128 (L1::no_allocate) words, "scales" the 16-bit loads, "other"
-    the rest. Near 0: the load is waited for right after it issues (ptxas sank
+    LDG.E.NA.128 (L1::no_allocate) words, "activations" the other 16-byte
+    loads, "scales" the narrower ones. Near 0: the load is waited for right
+    after it issues (ptxas sank
     it to the loop's end, or copies it at once); near 1: a whole iteration's
     work covers its latency."""
     n = len(body)
@@ -145,7 +146,7 @@ def load_use_distance(body) -> dict:
             continue
         width = 4 if ".128" in op else 2 if ".64" in op else 1
         regs = [f"R{int(m.group(1)) + j}" for j in range(width)]
-        kind = "weights" if ".NA." in op else "scales" if ".U16" in op else "other"
+        kind = "weights" if ".NA." in op else "activations" if ".128" in op else "scales"
         for d in range(1, n + 1):
             _, op2, rest2 = body[(i + d) % n]
             srcs = rest2 if op2.startswith(("ST", "RED")) or "," not in rest2 else rest2.split(",", 1)[1]

@@ -100,8 +100,9 @@ def frag_pack_scales(s: torch.Tensor, fmt: str) -> torch.Tensor:
     [E, N/16, K/64, 32]: what lane (g, q) of row tile rt needs for K group kg,
     so a warp's scales of a K group are one 64-byte load. NVFP4: the e4m3 bytes
     of rows g (low byte) and g + 8 (high) for its 16 columns' group 4 kg + q.
-    INT4: the bf16 of row g + 8 (q & 1) for group 2 kg + q // 2; the lane gets
-    its other row from lane q ^ 1 (one shuffle). Same bytes as the checkpoint's."""
+    INT4: the bf16 of row g + 8 (q & 1) for group 2 kg + q // 2, so lanes q and
+    q ^ 1 together hold rows g and g + 8 of one group, which each of them reads
+    as one 32-bit load. Same bytes as the checkpoint's."""
     E, N, G = s.shape
     per_kg = 4 if fmt == "nvfp4" else 2
     assert N % 16 == 0 and G % per_kg == 0, (s.shape, fmt)
@@ -359,33 +360,30 @@ def _ld_x(p, valid, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _ld_scale(p, INTERP: tl.constexpr):
-    """The lane's 16 bits of a row tile's scale fragment for one K group
-    (frag_pack_scales); a warp reads 64 contiguous bytes."""
+def _ld_scale(p, FMT: tl.constexpr, INTERP: tl.constexpr):
+    """The lane's part of a row tile's scale fragment for one K group
+    (frag_pack_scales); a warp reads 64 contiguous bytes. NVFP4: the lane's
+    16 bits (rows g and g + 8). INT4: the 32 bits of its lane pair (2 (l // 2),
+    2 (l // 2) + 1: the bf16 scales of rows g and g + 8 of the lane's group),
+    so neither lane waits for the other (no shuffle); p points at the pair."""
     if INTERP:
-        return tl.load(p).to(tl.int32) & 0xFFFF
-    return tl.inline_asm_elementwise(asm="ld.global.nc.u16 $0, [$1];", constraints="=r,l", args=[p],
+        if FMT == 0:
+            return tl.load(p).to(tl.int32) & 0xFFFF
+        return (tl.load(p).to(tl.int32) & 0xFFFF) | ((tl.load(p + 1).to(tl.int32) & 0xFFFF) << 16)
+    if FMT == 0:
+        return tl.inline_asm_elementwise(asm="ld.global.nc.u16 $0, [$1];", constraints="=r,l", args=[p],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(asm="ld.global.nc.b32 $0, [$1];", constraints="=r,l", args=[p],
                                      dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
-def _lane_xor1(v, NW: tl.constexpr, INTERP: tl.constexpr):
-    """v of lane l ^ 1 (the interpreter swaps neighbouring elements instead)."""
-    if INTERP:
-        a, b = tl.split(tl.reshape(v, (16 * NW, 2)))
-        return tl.reshape(tl.join(b, a), (32 * NW,))
-    return tl.inline_asm_elementwise(asm="shfl.sync.bfly.b32 $0, $1, 1, 0x1f, -1;", constraints="=r,r", args=[v],
-                                     dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _scale_rows(v, tq, FMT: tl.constexpr, NW: tl.constexpr, INTERP: tl.constexpr):
-    """A lane's scale fragment -> the raw scales of its rows g and g + 8."""
+def _scale_rows(v, FMT: tl.constexpr):
+    """A lane's scale fragment (_ld_scale) -> the raw scales of its rows g and
+    g + 8."""
     if FMT == 0:
         return v & 0xFF, v >> 8
-    other = _lane_xor1(v, NW, INTERP)
-    odd = (tq % 2) == 1  # this lane holds row g + 8, its neighbour row g
-    return tl.where(odd, other, v), tl.where(odd, v, other)
+    return v & 0xFFFF, (v >> 16) & 0xFFFF
 
 
 @triton.jit
@@ -424,18 +422,18 @@ def _scale_pairs(lo, hi, ok, FMT: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl
 
 
 @triton.jit
-def _load_tile(wp, sp, kg, INTERP: tl.constexpr):
+def _load_tile(wp, sp, kg, FMT: tl.constexpr, INTERP: tl.constexpr):
     """One row tile's raw words (four K tiles) and the lane's scale fragment
     (the lane's 16 columns of the group lie in one scale group)."""
     w0, w1, w2, w3 = _ld_words(wp + kg * 128, INTERP)
-    return (w0, w1, w2, w3, _ld_scale(sp + kg * 32, INTERP))
+    return (w0, w1, w2, w3, _ld_scale(sp + kg * 32, FMT, INTERP))
 
 
 @triton.jit
 def _decode_tile(raw, ok, tq, FMT: tl.constexpr, NW: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
     """A row tile's loads with its scale fragment decoded (_tile_step's s_lo,
     s_hi in place of the raw fragment)."""
-    lo, hi = _scale_rows(raw[4], tq, FMT, NW, INTERP)
+    lo, hi = _scale_rows(raw[4], FMT)
     s_lo, s_hi = _scale_pairs(lo, hi, ok, FMT, EVEN_K, INTERP)
     return (raw[0], raw[1], raw[2], raw[3], s_lo, s_hi)
 
@@ -478,7 +476,7 @@ def _tile_step(acc, raw, xs, ok, tq, FMT: tl.constexpr, NT: tl.constexpr, NW: tl
         s_lo = raw[4]
         s_hi = raw[5]
     else:
-        lo, hi = _scale_rows(raw[4], tq, FMT, NW, INTERP)
+        lo, hi = _scale_rows(raw[4], FMT)
         s_lo, s_hi = _scale_pairs(lo, hi, ok, FMT, EVEN_K, INTERP)
     for j in tl.static_range(4):
         if NT == 1:
@@ -498,14 +496,14 @@ def _load_x(xb, xb2, valid, valid2, kg, NT: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, kg, NT: tl.constexpr,
+def _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, kg, FMT: tl.constexpr, NT: tl.constexpr,
                  TWO: tl.constexpr, INTERP: tl.constexpr):
     """Everything one K group needs: the row tiles' words and scales, the
     tokens' activations."""
-    t0 = _load_tile(wp0, sp0, kg, INTERP)
+    t0 = _load_tile(wp0, sp0, kg, FMT, INTERP)
     t1 = t0
     if TWO:
-        t1 = _load_tile(wp1, sp1, kg, INTERP)
+        t1 = _load_tile(wp1, sp1, kg, FMT, INTERP)
     return t0, t1, _load_x(xb, xb2, valid, valid2, kg, NT, INTERP)
 
 
@@ -519,12 +517,12 @@ def _group_compute(acc0, acc1, ld, ok, tq, FMT: tl.constexpr, NT: tl.constexpr, 
 
 
 @triton.jit
-def _loads_at(src, kg, KG, NT: tl.constexpr, TWO: tl.constexpr, INTERP: tl.constexpr):
+def _loads_at(src, kg, KG, FMT: tl.constexpr, NT: tl.constexpr, TWO: tl.constexpr, INTERP: tl.constexpr):
     """_group_loads of K group kg, clamped to the last group (src: the row
     tiles' word and scale pointers, the activation pointers and their masks;
     a clamped group's MMAs are zeroed by its ok flag)."""
     return _group_loads(src[0], src[1], src[2], src[3], src[4], src[5], src[6], src[7], tl.minimum(kg, KG - 1),
-                        NT, TWO, INTERP)
+                        FMT, NT, TWO, INTERP)
 
 
 @triton.jit
@@ -533,7 +531,7 @@ def _ring_step(acc0, acc1, ld, src, kg, step, KG, tq, FMT: tl.constexpr, NT: tl.
     """One register set of the ring: multiply its K group kg, then reload it in
     place with group kg + step."""
     acc0, acc1 = _group_compute(acc0, acc1, ld, kg < KG, tq, FMT, NT, NW, TWO, EVEN_K, INTERP)
-    return acc0, acc1, _loads_at(src, kg + step, KG, NT, TWO, INTERP)
+    return acc0, acc1, _loads_at(src, kg + step, KG, FMT, NT, TWO, INTERP)
 
 
 @triton.jit
@@ -642,9 +640,11 @@ def _moe_frag_kernel(
                 xb2 = x32 + xr2 * stride_xm + 8 * tq
             wp0 = w_ptr + e * stride_we + tile0 * stride_wt + lane * 4
             wp1 = w_ptr + e * stride_we + tile1 * stride_wt + lane * 4
-            # scale fragments (frag_pack_scales): [E, N/16, K/64, 32] int16
-            sp0 = s_ptr + e * stride_se + tile0.to(tl.int64) * stride_sn + lane
-            sp1 = s_ptr + e * stride_se + tile1.to(tl.int64) * stride_sn + lane
+            # scale fragments (frag_pack_scales): [E, N/16, K/64, 32] int16; an
+            # INT4 lane reads its lane pair's 32 bits (_ld_scale)
+            slane = lane if FMT == 0 else lane - lane % 2
+            sp0 = s_ptr + e * stride_se + tile0.to(tl.int64) * stride_sn + slane
+            sp1 = s_ptr + e * stride_se + tile1.to(tl.int64) * stride_sn + slane
             acc0 = _zeros(32 * NW, NT)
             acc1 = acc0
             # software pipeline over DEPTH register sets (K groups kg, kg + NW,
@@ -660,32 +660,32 @@ def _moe_frag_kernel(
             kg = warp
             step = NW * DEPTH
             src = (wp0, wp1, sp0, sp1, xb, xb2, valid, valid2)
-            la = _loads_at(src, kg, KG, NT, TWO, INTERP)
+            la = _loads_at(src, kg, KG, FMT, NT, TWO, INTERP)
             lb = la
             lc = la
             ld = la
             if DEPTH >= 2:
-                lb = _loads_at(src, kg + NW, KG, NT, TWO, INTERP)
+                lb = _loads_at(src, kg + NW, KG, FMT, NT, TWO, INTERP)
             if DEPTH >= 3:
-                lc = _loads_at(src, kg + 2 * NW, KG, NT, TWO, INTERP)
+                lc = _loads_at(src, kg + 2 * NW, KG, FMT, NT, TWO, INTERP)
             if DEPTH >= 4:
-                ld = _loads_at(src, kg + 3 * NW, KG, NT, TWO, INTERP)
+                ld = _loads_at(src, kg + 3 * NW, KG, FMT, NT, TWO, INTERP)
             if SCALES_AHEAD:  # pipe only: the register sets carry decoded scales
                 la, lb, lc, ld = _decode_sets(la, lb, lc, ld, kg, KG, tq, FMT, NW, TWO, DEPTH, EVEN_K, INTERP)
             for it in range(0, tl.cdiv(KG, step)):
                 if PIPE:
                     # every set's next loads, then this step's MMAs; with
                     # SCALES_AHEAD the next scales are decoded after the MMAs
-                    na = _loads_at(src, kg + step, KG, NT, TWO, INTERP)
+                    na = _loads_at(src, kg + step, KG, FMT, NT, TWO, INTERP)
                     nb = na
                     nc = na
                     nd = na
                     if DEPTH >= 2:
-                        nb = _loads_at(src, kg + step + NW, KG, NT, TWO, INTERP)
+                        nb = _loads_at(src, kg + step + NW, KG, FMT, NT, TWO, INTERP)
                     if DEPTH >= 3:
-                        nc = _loads_at(src, kg + step + 2 * NW, KG, NT, TWO, INTERP)
+                        nc = _loads_at(src, kg + step + 2 * NW, KG, FMT, NT, TWO, INTERP)
                     if DEPTH >= 4:
-                        nd = _loads_at(src, kg + step + 3 * NW, KG, NT, TWO, INTERP)
+                        nd = _loads_at(src, kg + step + 3 * NW, KG, FMT, NT, TWO, INTERP)
                     acc0, acc1 = _group_compute(acc0, acc1, la, kg < KG, tq, FMT, NT, NW, TWO, EVEN_K, INTERP,
                                                 SCALES_AHEAD)
                     if DEPTH >= 2:
