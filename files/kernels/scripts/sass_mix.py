@@ -9,7 +9,10 @@ whose body holds the most HMMA). Prints, per variant and target, that loop's
 instructions per HMMA (with NT 1 one HMMA is one packed weight word per lane,
 so this is the issue cost of a word) and its opcode classes. One JSON object per
 line. Where the one-token path is issue-bound (Nsight Compute on the H200), fewer
-instructions per word is what to look for before a GPU round.
+instructions per word is what to look for before a GPU round. "load_use" is how
+far ahead of its first use each kind of load issues, as a fraction of the loop
+(sm120_compile_util.load_use_distance): near 0, the warp waits a full memory
+latency every step.
 """
 
 import json
@@ -33,6 +36,7 @@ def main(filters):
             print(json.dumps({"name": name, "target": arch, "registers": r["registers"],
                               "loop_instructions": r["loop_instructions"], "hmma": hmma,
                               "per_hmma": round(r["loop_instructions"] / hmma, 2) if hmma else None,
+                              "load_use": {k: round(v, 2) for k, v in r["loop_load_use"].items()},
                               "mix": r["loop_mix"]}), flush=True)
 
 

@@ -430,7 +430,7 @@ def _load_tile(wp, sp, kg, FMT: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _decode_tile(raw, ok, tq, FMT: tl.constexpr, NW: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
+def _decode_tile(raw, ok, FMT: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
     """A row tile's loads with its scale fragment decoded (_tile_step's s_lo,
     s_hi in place of the raw fragment)."""
     lo, hi = _scale_rows(raw[4], FMT)
@@ -439,45 +439,42 @@ def _decode_tile(raw, ok, tq, FMT: tl.constexpr, NW: tl.constexpr, EVEN_K: tl.co
 
 
 @triton.jit
-def _decode(ld, ok, tq, FMT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr, EVEN_K: tl.constexpr,
-            INTERP: tl.constexpr):
+def _decode(ld, ok, FMT: tl.constexpr, TWO: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
     """_group_loads' result with both row tiles' scales decoded (SCALES_AHEAD)."""
-    t0 = _decode_tile(ld[0], ok, tq, FMT, NW, EVEN_K, INTERP)
+    t0 = _decode_tile(ld[0], ok, FMT, EVEN_K, INTERP)
     t1 = t0
     if TWO:
-        t1 = _decode_tile(ld[1], ok, tq, FMT, NW, EVEN_K, INTERP)
+        t1 = _decode_tile(ld[1], ok, FMT, EVEN_K, INTERP)
     return t0, t1, ld[2]
 
 
 @triton.jit
-def _decode_sets(la, lb, lc, ld, kg, KG, tq, FMT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr,
+def _decode_sets(la, lb, lc, ld, kg, KG, FMT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr,
                  DEPTH: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
     """_decode of the DEPTH register sets holding K groups kg, kg + NW, ...
     (the unused sets are copies of the first, as in the kernel)."""
-    a = _decode(la, kg < KG, tq, FMT, NW, TWO, EVEN_K, INTERP)
+    a = _decode(la, kg < KG, FMT, TWO, EVEN_K, INTERP)
     b = a
     c = a
     d = a
     if DEPTH >= 2:
-        b = _decode(lb, kg + NW < KG, tq, FMT, NW, TWO, EVEN_K, INTERP)
+        b = _decode(lb, kg + NW < KG, FMT, TWO, EVEN_K, INTERP)
     if DEPTH >= 3:
-        c = _decode(lc, kg + 2 * NW < KG, tq, FMT, NW, TWO, EVEN_K, INTERP)
+        c = _decode(lc, kg + 2 * NW < KG, FMT, TWO, EVEN_K, INTERP)
     if DEPTH >= 4:
-        d = _decode(ld, kg + 3 * NW < KG, tq, FMT, NW, TWO, EVEN_K, INTERP)
+        d = _decode(ld, kg + 3 * NW < KG, FMT, TWO, EVEN_K, INTERP)
     return a, b, c, d
 
 
 @triton.jit
-def _tile_step(acc, raw, xs, ok, tq, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
+def _tile_step(acc, raw, xs, ok, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
                EVEN_K: tl.constexpr, INTERP: tl.constexpr, DECODED: tl.constexpr = False):
     """acc (4 NT fp32 per lane) += one row tile's K group (four MMAs).
     DECODED: raw holds the decoded scales (_decode_tile), not the fragment."""
-    if DECODED:
-        s_lo = raw[4]
-        s_hi = raw[5]
-    else:
-        lo, hi = _scale_rows(raw[4], FMT)
-        s_lo, s_hi = _scale_pairs(lo, hi, ok, FMT, EVEN_K, INTERP)
+    if not DECODED:
+        raw = _decode_tile(raw, ok, FMT, EVEN_K, INTERP)
+    s_lo = raw[4]
+    s_hi = raw[5]
     for j in tl.static_range(4):
         if NT == 1:
             b = (xs[2 * j], xs[2 * j + 1])
@@ -508,11 +505,11 @@ def _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, kg, FMT: tl.constex
 
 
 @triton.jit
-def _group_compute(acc0, acc1, ld, ok, tq, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr,
+def _group_compute(acc0, acc1, ld, ok, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr,
                    EVEN_K: tl.constexpr, INTERP: tl.constexpr, DECODED: tl.constexpr = False):
-    acc0 = _tile_step(acc0, ld[0], ld[2], ok, tq, FMT, NT, NW, EVEN_K, INTERP, DECODED)
+    acc0 = _tile_step(acc0, ld[0], ld[2], ok, FMT, NT, NW, EVEN_K, INTERP, DECODED)
     if TWO:
-        acc1 = _tile_step(acc1, ld[1], ld[2], ok, tq, FMT, NT, NW, EVEN_K, INTERP, DECODED)
+        acc1 = _tile_step(acc1, ld[1], ld[2], ok, FMT, NT, NW, EVEN_K, INTERP, DECODED)
     return acc0, acc1
 
 
@@ -526,11 +523,11 @@ def _loads_at(src, kg, KG, FMT: tl.constexpr, NT: tl.constexpr, TWO: tl.constexp
 
 
 @triton.jit
-def _ring_step(acc0, acc1, ld, src, kg, step, KG, tq, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
+def _ring_step(acc0, acc1, ld, src, kg, step, KG, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
                TWO: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
     """One register set of the ring: multiply its K group kg, then reload it in
     place with group kg + step."""
-    acc0, acc1 = _group_compute(acc0, acc1, ld, kg < KG, tq, FMT, NT, NW, TWO, EVEN_K, INTERP)
+    acc0, acc1 = _group_compute(acc0, acc1, ld, kg < KG, FMT, NT, NW, TWO, EVEN_K, INTERP)
     return acc0, acc1, _loads_at(src, kg + step, KG, FMT, NT, TWO, INTERP)
 
 
@@ -671,7 +668,7 @@ def _moe_frag_kernel(
             if DEPTH >= 4:
                 ld = _loads_at(src, kg + 3 * NW, KG, FMT, NT, TWO, INTERP)
             if SCALES_AHEAD:  # pipe only: the register sets carry decoded scales
-                la, lb, lc, ld = _decode_sets(la, lb, lc, ld, kg, KG, tq, FMT, NW, TWO, DEPTH, EVEN_K, INTERP)
+                la, lb, lc, ld = _decode_sets(la, lb, lc, ld, kg, KG, FMT, NW, TWO, DEPTH, EVEN_K, INTERP)
             for it in range(0, tl.cdiv(KG, step)):
                 if PIPE:
                     # every set's next loads, then this step's MMAs; with
@@ -686,35 +683,35 @@ def _moe_frag_kernel(
                         nc = _loads_at(src, kg + step + 2 * NW, KG, FMT, NT, TWO, INTERP)
                     if DEPTH >= 4:
                         nd = _loads_at(src, kg + step + 3 * NW, KG, FMT, NT, TWO, INTERP)
-                    acc0, acc1 = _group_compute(acc0, acc1, la, kg < KG, tq, FMT, NT, NW, TWO, EVEN_K, INTERP,
+                    acc0, acc1 = _group_compute(acc0, acc1, la, kg < KG, FMT, NT, NW, TWO, EVEN_K, INTERP,
                                                 SCALES_AHEAD)
                     if DEPTH >= 2:
-                        acc0, acc1 = _group_compute(acc0, acc1, lb, kg + NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
+                        acc0, acc1 = _group_compute(acc0, acc1, lb, kg + NW < KG, FMT, NT, NW, TWO, EVEN_K,
                                                     INTERP, SCALES_AHEAD)
                     if DEPTH >= 3:
-                        acc0, acc1 = _group_compute(acc0, acc1, lc, kg + 2 * NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
+                        acc0, acc1 = _group_compute(acc0, acc1, lc, kg + 2 * NW < KG, FMT, NT, NW, TWO, EVEN_K,
                                                     INTERP, SCALES_AHEAD)
                     if DEPTH >= 4:
-                        acc0, acc1 = _group_compute(acc0, acc1, ld, kg + 3 * NW < KG, tq, FMT, NT, NW, TWO, EVEN_K,
+                        acc0, acc1 = _group_compute(acc0, acc1, ld, kg + 3 * NW < KG, FMT, NT, NW, TWO, EVEN_K,
                                                     INTERP, SCALES_AHEAD)
                     if SCALES_AHEAD:
-                        na, nb, nc, nd = _decode_sets(na, nb, nc, nd, kg + step, KG, tq, FMT, NW, TWO, DEPTH, EVEN_K,
+                        na, nb, nc, nd = _decode_sets(na, nb, nc, nd, kg + step, KG, FMT, NW, TWO, DEPTH, EVEN_K,
                                                       INTERP)
                     la = na
                     lb = nb
                     lc = nc
                     ld = nd
                 else:
-                    acc0, acc1, la = _ring_step(acc0, acc1, la, src, kg, step, KG, tq, FMT, NT, NW, TWO, EVEN_K,
+                    acc0, acc1, la = _ring_step(acc0, acc1, la, src, kg, step, KG, FMT, NT, NW, TWO, EVEN_K,
                                                 INTERP)
                     if DEPTH >= 2:
-                        acc0, acc1, lb = _ring_step(acc0, acc1, lb, src, kg + NW, step, KG, tq, FMT, NT, NW, TWO,
+                        acc0, acc1, lb = _ring_step(acc0, acc1, lb, src, kg + NW, step, KG, FMT, NT, NW, TWO,
                                                     EVEN_K, INTERP)
                     if DEPTH >= 3:
-                        acc0, acc1, lc = _ring_step(acc0, acc1, lc, src, kg + 2 * NW, step, KG, tq, FMT, NT, NW, TWO,
+                        acc0, acc1, lc = _ring_step(acc0, acc1, lc, src, kg + 2 * NW, step, KG, FMT, NT, NW, TWO,
                                                     EVEN_K, INTERP)
                     if DEPTH >= 4:
-                        acc0, acc1, ld = _ring_step(acc0, acc1, ld, src, kg + 3 * NW, step, KG, tq, FMT, NT, NW, TWO,
+                        acc0, acc1, ld = _ring_step(acc0, acc1, ld, src, kg + 3 * NW, step, KG, FMT, NT, NW, TWO,
                                                     EVEN_K, INTERP)
                 kg += step
             g = tl.load(g_ptr + e) * g_mult
