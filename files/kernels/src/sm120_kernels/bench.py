@@ -145,16 +145,16 @@ def one_token_trials(cfg: dict, top_k: int) -> list:
     return trials
 
 
-def register_cap_trials(cfg: dict) -> list:
-    """Batch 1, after the one-token grid: the gate/up as two-set pipe steps
-    under a register cap, with and without the next step's scales decoded
-    ahead. Under its default register budget ptxas sinks a step's loads to the
-    loop's end, so each step waits a full memory latency; with maxnreg it
-    issues them before the step's MMAs. At one token a program per SM leaves
-    the registers to spare; at 8 tokens and more the lost occupancy cost more
-    than the overlap gained on the H200 (README, "Sixth round")."""
-    gu = {**cfg["gate_up"], "pipe": True, "depth": 2, "maxnreg": 128}
-    return [cfg, {**cfg, "gate_up": gu}, {**cfg, "gate_up": {**gu, "scales_ahead": True}}]
+def register_cap_trials(cfg: dict, kernel: str) -> list:
+    """Batch 1, after the one-token grid, per GEMM: the kernel as two-set pipe
+    steps under a register cap, with and without the next step's scales
+    decoded ahead. Under its default register budget ptxas sinks a step's
+    loads to the loop's end, so each step waits a full memory latency; with
+    maxnreg it issues them before the step's MMAs. At one token the grids
+    leave registers to spare; at 8 tokens and more the lost occupancy cost
+    more than the overlap gained on the H200 (README, "Seventh round")."""
+    capped = {**cfg[kernel], "pipe": True, "depth": 2, "maxnreg": 128}
+    return [cfg, {**cfg, kernel: capped}, {**cfg, kernel: {**capped, "scales_ahead": True}}]
 
 
 def _tune(case, dev, do_bench):
@@ -187,11 +187,11 @@ def _tune(case, dev, do_bench):
                    if (t := _time_trial(case, dev, do_bench, key, trial, f"one-token {trial}")) is not None]
         best_t, best = min(timings, key=lambda t: t[0])
         print(f"# tune {case.name} one-token grid: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
-        if best.get("direct", True):
-            timings = [(t, trial) for trial in register_cap_trials(best)
+        for kernel in ("gate_up", "down") if best.get("direct", True) else ():
+            timings = [(t, trial) for trial in register_cap_trials(best, kernel)
                        if (t := _time_trial(case, dev, do_bench, key, trial, f"register cap {trial}")) is not None]
             best_t, best = min(timings, key=lambda t: t[0])
-            print(f"# tune {case.name} register cap: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
+            print(f"# tune {case.name} {kernel} register cap: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
     M._BENCH_CONFIG_OVERRIDE[key] = best
     return best
 
