@@ -44,6 +44,6 @@ def test_compiles_for_sm120(variant):
             # what the register cap is for: ptxas keeps the step's weight and scale
             # loads half a loop or more ahead of their first use (without it they
             # are sunk to the loop's end and read at once: 0.04-0.35 of the loop
-            # in these builds; README, "Sixth round")
+            # in these builds; README, "Seventh round")
             dist = res["loop_load_use"]
             assert min(dist["weights"], dist["scales"]) >= 0.5, (name, dist)

@@ -653,7 +653,7 @@ def _moe_frag_kernel(
             # the loads is its choice: under its default register budget it
             # sinks them to the loop's end (each step then waits a full memory
             # latency); a launch with maxnreg lets it keep them first (README,
-            # "Sixth round").
+            # "Seventh round").
             kg = warp
             step = NW * DEPTH
             src = (wp0, wp1, sp0, sp1, xb, xb2, valid, valid2)
