@@ -26,6 +26,14 @@ SITE_SCENARIOS   = $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecu
 
 step = @printf '\n\033[1m==> %s\033[0m  (%s)\n' "$(1)" "$$(date -u +%T)"
 
+# One timed `molecule test`: $(1) the directory it runs in, $(2) its arguments, $(3) the
+# name on its result line ("==> <name> passed in N s" or "FAILED after N s", which
+# .ci/failure_summary.py looks for).
+molecule_test = start=$$(date +%s); printf '\n\033[1m==> molecule test %s in %s\033[0m\n' '$(2)' '$(1)'; \
+  (cd $(1) && PATH=$(CURDIR)/$(VENV)/bin:$$PATH molecule test $(2)) \
+  && echo "==> $(3) passed in $$(( $$(date +%s) - start )) s" \
+  || { echo "==> $(3) FAILED after $$(( $$(date +%s) - start )) s"; exit 1; }
+
 .PHONY: help setup apt venv sglang-venv rootfs lab lab-destroy lint test test-static \
         test-unit test-kernels test-monitoring test-lab test-roles test-site test-scenario clean prometheus-bin
 
@@ -135,10 +143,7 @@ test-roles: setup prometheus-bin
 	@$(MAKE) --no-print-directory -j$(ROLE_JOBS) --output-sync=target $(addprefix molecule-role/,$(ROLE_NAMES))
 
 molecule-role/%:
-	@start=$$(date +%s); printf '\n\033[1m==> molecule test --all in roles/%s\033[0m\n' "$*"; \
-	  (cd roles/$* && PATH=$(CURDIR)/$(VENV)/bin:$$PATH molecule test --all) \
-	  && echo "==> roles/$* passed in $$(( $$(date +%s) - start )) s" \
-	  || { echo "==> roles/$* FAILED after $$(( $$(date +%s) - start )) s"; exit 1; }
+	@$(call molecule_test,roles/$*,--all,roles/$*)
 
 # Scenarios kept out of `make test` (and so out of CI), each run alone with
 # `make test-scenario S=<name>`: multihost needs ~20 GB of disk and 13 minutes
@@ -156,10 +161,7 @@ test-site: setup
 	@$(MAKE) --no-print-directory $(addprefix molecule-site/,$(SITE_RUN))
 
 molecule-site/%:
-	@start=$$(date +%s); printf '\n\033[1m==> molecule test -s %s\033[0m\n' "$*"; \
-	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH molecule test -s $* \
-	  && echo "==> molecule/$* passed in $$(( $$(date +%s) - start )) s" \
-	  || { echo "==> molecule/$* FAILED after $$(( $$(date +%s) - start )) s"; exit 1; }
+	@$(call molecule_test,.,-s $*,molecule/$*)
 
 # CI runs on 2 cores, and what bounds it is CPU time, so `make test` keeps both busy:
 # - the static checks, the kernel tests (their interpreter and compiler tiers at once)
@@ -175,7 +177,7 @@ MOLECULE_JOBS ?= 2
 test:
 	@$(MAKE) --no-print-directory -j6 --output-sync=target test-static test-unit test-kernels \
 	  test-monitoring test-lab
-	@$(MAKE) --no-print-directory -j$(MOLECULE_JOBS) --output-sync=target prometheus-bin \
+	@$(MAKE) --no-print-directory -j$(MOLECULE_JOBS) --output-sync=target \
 	  $(addprefix molecule-site/,$(SITE_RUN)) $(addprefix molecule-role/,$(ROLE_NAMES))
 	$(call step,all tests passed)
 
