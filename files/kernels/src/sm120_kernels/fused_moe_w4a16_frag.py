@@ -523,6 +523,24 @@ def _loads_at(src, kg, KG, FMT: tl.constexpr, NT: tl.constexpr, TWO: tl.constexp
 
 
 @triton.jit
+def _load_sets(src, kg, KG, FMT: tl.constexpr, NW: tl.constexpr, NT: tl.constexpr, TWO: tl.constexpr,
+               DEPTH: tl.constexpr, INTERP: tl.constexpr):
+    """The DEPTH register sets' loads of K groups kg, kg + NW, ... (the unused
+    sets are copies of the first)."""
+    a = _loads_at(src, kg, KG, FMT, NT, TWO, INTERP)
+    b = a
+    c = a
+    d = a
+    if DEPTH >= 2:
+        b = _loads_at(src, kg + NW, KG, FMT, NT, TWO, INTERP)
+    if DEPTH >= 3:
+        c = _loads_at(src, kg + 2 * NW, KG, FMT, NT, TWO, INTERP)
+    if DEPTH >= 4:
+        d = _loads_at(src, kg + 3 * NW, KG, FMT, NT, TWO, INTERP)
+    return a, b, c, d
+
+
+@triton.jit
 def _ring_step(acc0, acc1, ld, src, kg, step, KG, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
                TWO: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
     """One register set of the ring: multiply its K group kg, then reload it in
@@ -657,32 +675,14 @@ def _moe_frag_kernel(
             kg = warp
             step = NW * DEPTH
             src = (wp0, wp1, sp0, sp1, xb, xb2, valid, valid2)
-            la = _loads_at(src, kg, KG, FMT, NT, TWO, INTERP)
-            lb = la
-            lc = la
-            ld = la
-            if DEPTH >= 2:
-                lb = _loads_at(src, kg + NW, KG, FMT, NT, TWO, INTERP)
-            if DEPTH >= 3:
-                lc = _loads_at(src, kg + 2 * NW, KG, FMT, NT, TWO, INTERP)
-            if DEPTH >= 4:
-                ld = _loads_at(src, kg + 3 * NW, KG, FMT, NT, TWO, INTERP)
+            la, lb, lc, ld = _load_sets(src, kg, KG, FMT, NW, NT, TWO, DEPTH, INTERP)
             if SCALES_AHEAD:  # pipe only: the register sets carry decoded scales
                 la, lb, lc, ld = _decode_sets(la, lb, lc, ld, kg, KG, FMT, NW, TWO, DEPTH, EVEN_K, INTERP)
             for it in range(0, tl.cdiv(KG, step)):
                 if PIPE:
                     # every set's next loads, then this step's MMAs; with
                     # SCALES_AHEAD the next scales are decoded after the MMAs
-                    na = _loads_at(src, kg + step, KG, FMT, NT, TWO, INTERP)
-                    nb = na
-                    nc = na
-                    nd = na
-                    if DEPTH >= 2:
-                        nb = _loads_at(src, kg + step + NW, KG, FMT, NT, TWO, INTERP)
-                    if DEPTH >= 3:
-                        nc = _loads_at(src, kg + step + 2 * NW, KG, FMT, NT, TWO, INTERP)
-                    if DEPTH >= 4:
-                        nd = _loads_at(src, kg + step + 3 * NW, KG, FMT, NT, TWO, INTERP)
+                    na, nb, nc, nd = _load_sets(src, kg + step, KG, FMT, NW, NT, TWO, DEPTH, INTERP)
                     acc0, acc1 = _group_compute(acc0, acc1, la, kg < KG, FMT, NT, NW, TWO, EVEN_K, INTERP,
                                                 SCALES_AHEAD)
                     if DEPTH >= 2:
