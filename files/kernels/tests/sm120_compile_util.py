@@ -135,9 +135,8 @@ def load_use_distance(body) -> dict:
     its destination, going round the loop. "weights" are the streamed
     LDG.E.NA.128 (L1::no_allocate) words, "activations" the other 16-byte
     loads, "scales" the narrower ones. Near 0: the load is waited for right
-    after it issues (ptxas sank
-    it to the loop's end, or copies it at once); near 1: a whole iteration's
-    work covers its latency."""
+    after it issues (ptxas sank it to the loop's end, or copies it at once);
+    near 1: a whole iteration's work covers its latency."""
     n = len(body)
     out = {}
     for i, (_, op, rest) in enumerate(body):
