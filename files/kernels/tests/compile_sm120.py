@@ -19,14 +19,16 @@ from sm120_kernels.models import MODELS  # noqa: E402
 
 
 def compile_one(fn, signature, constexprs, num_warps, num_stages, k_loop=False, target=SM120):
-    """Resources of one build (sm_120 unless told); with k_loop, also its hottest
+    """Resources of one build (sm_120 unless told; shared: Triton's and the
+    static shared memory in the PTX together); with k_loop, also its hottest
     loop's length, HMMA count and instruction classes (from the SASS).
     constexprs["maxnreg"], where present, is the launch's register cap."""
     sig = {k: v for k, v in signature.items() if v != "constexpr"}
     constexprs = dict(constexprs)
     maxnreg = constexprs.pop("maxnreg", None)
     r = compile_sm120(fn, sig, constexprs, num_warps, num_stages, target=target, sass=k_loop, maxnreg=maxnreg)
-    res = {"shared": r["shared"], "spills": r["spills"], "registers": r["registers"], "stack": r["stack"]}
+    res = {"shared": r["shared"] + r["static_shared"], "spills": r["spills"], "registers": r["registers"],
+           "stack": r["stack"]}
     if k_loop:
         body = hottest_loop(r["sass"])
         res.update(loop_instructions=len(body), loop_hmma=sum(op.startswith("HMMA") for _, op, _ in body),
@@ -73,10 +75,15 @@ def _gemm_variants():
                                  EVEN_K=k_words % (c["num_warps"] * c.get("depth", 1)) == 0, INTERP=False,
                                  DIRECT=False, KP=1, SCALES_AHEAD=bool(c.get("scales_ahead")),
                                  **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") else {}))
-                    yield f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig, const, c["num_warps"], 1
+                    two = gated or c.get("RT", 1) == 2
+                    bulk, ring = F.ring_launch(c, k_words, two, 8 * c["NT"])
+                    yield (f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig,
+                           dict(const, BULK=bulk, RING=ring), c["num_warps"], 1)
                     if bucket == "1" and c["NT"] == 1:  # one token: the two-launch path (bf16 output)
+                        bulk, ring = F.ring_launch(c, k_words, two, 1)  # one activation row
                         yield (f"{fname}:{fmt}:{bucket}:{kernel}:direct", F._moe_frag_kernel,
-                               dict(sig, out_ptr=ptr["bf16"]), dict(const, DIRECT=True, KP=8), c["num_warps"], 1)
+                               dict(sig, out_ptr=ptr["bf16"]),
+                               dict(const, DIRECT=True, KP=8, BULK=bulk, RING=ring), c["num_warps"], 1)
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:
         fmt = model.fmt

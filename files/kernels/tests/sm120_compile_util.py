@@ -1,6 +1,7 @@
 """Cross-compile a Triton kernel for sm_120 (no GPU needed) and read its
-resources: shared memory from Triton's metadata, registers and spills from
-ptxas -v on the generated PTX; on request the SASS (cuobjdump)."""
+resources: shared memory from Triton's metadata (and static shared memory,
+registers and spills from ptxas -v on the generated PTX); on request the SASS
+(cuobjdump)."""
 
 from __future__ import annotations
 
@@ -66,8 +67,10 @@ def compile_sm120(fn, signature: dict, constexprs: dict, num_warps: int, num_sta
     spills = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)]
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", report)]
     stack = [int(s) for s in re.findall(r"(\d+) bytes stack frame", report)]
+    smem = [int(s) for s in re.findall(r"(\d+) bytes smem", report)]
     return {
         "shared": int(k.metadata.shared),
+        "static_shared": max(smem) if smem else 0,  # declared in the PTX (the MoE rings), not Triton's
         "spills": sum(spills),
         "registers": max(regs) if regs else None,
         "stack": max(stack) if stack else 0,

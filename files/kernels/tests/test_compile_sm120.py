@@ -47,3 +47,56 @@ def test_compiles_for_sm120(variant):
             # in these builds; README, "Seventh round")
             dist = res["loop_load_use"]
             assert min(dist["weights"], dist["scales"]) >= 0.5, (name, dist)
+
+
+RING_CASES = [  # (format, GEMM, one token, warps, RT): the K loop through the warps' shared-memory rings
+    (fmt, kernel, direct, nw, rt) for fmt in ("nvfp4", "int4")
+    for kernel, direct, nw, rt in (("gate_up", True, 8, 1), ("down", True, 4, 1), ("gate_up", False, 4, 1),
+                                   ("down", False, 4, 2))]
+
+
+@pytest.mark.parametrize("case", RING_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_ring_compiles_for_sm120(case):
+    """The rings (config "bulk", two stages of two K groups per warp, as bench
+    --tune tries them) at the models' K: within sm_120's shared memory with
+    Triton's own, no spills, and the K loop really streams through shared
+    memory (bulk copies onto mbarriers, 16-byte shared loads, no global load
+    of weights in the loop)."""
+    import compile_sm120 as C
+    from sm120_compile_util import compile_sm120, hottest_loop
+
+    from sm120_kernels import fused_moe_w4a16 as M, fused_moe_w4a16_frag as F
+    from sm120_kernels.models import MODELS
+
+    fmt, kernel, direct, nw, rt = case
+    model = next(m for m in MODELS if m.fmt == fmt)
+    gated = kernel == "gate_up"
+    cfg = {"kernel": "frag", "NT": 1, "num_warps": nw, "pipe": True, "depth": 2, "RT": rt, "bulk": 2}
+    k_words = (model.hidden if gated else model.inter) // 64
+    bulk, ring = F.ring_launch(cfg, k_words, gated or rt == 2, 1 if direct else 8)
+    assert bulk == 2 and "moe_ring" in ring
+    const = dict(FMT=M.FORMATS.index(fmt), GATED=gated, X_IS_SORTED=not gated, HAS_LIMIT=gated, NT=1, NW=nw,
+                 RT=rt, PIPE=True, DEPTH=2, EVEN_K=True, INTERP=False, DIRECT=direct, KP=8 if direct else 1,
+                 SCALES_AHEAD=False, BULK=bulk, RING=ring)
+    sig = dict(C.FRAG_SIG, s_ptr="*i16", out_ptr="*bf16" if gated or direct else "*fp32")
+    r = compile_sm120(F._moe_frag_kernel, sig, const, nw, 1, sass=True)
+    assert r["static_shared"] == F.ring_bytes(nw, 2, gated or rt == 2, 1 if direct else 8, 2), r["report"]
+    assert r["shared"] + r["static_shared"] <= C.SM120_SHARED_LIMIT and r["spills"] == 0, r["report"]
+    ops = [op for _, op, _ in hottest_loop(r["sass"])]
+    assert any(op.startswith("UBLKCP") for op in ops), "no bulk copy in the K loop"
+    assert any(op.startswith("SYNCS") for op in ops), "no mbarrier wait in the K loop"
+    assert sum(op == "LDS.128" for op in ops) >= 2 * (2 if gated or rt == 2 else 1), "words not read from the ring"
+    assert not any(op.startswith("LDG") for op in ops), "a global load left in the ring's K loop"
+
+
+def test_ring_rejects_what_does_not_fit():
+    """More ring than 48 KB of static shared memory: a clear error naming the
+    fix; K not a whole number of stages: the register path."""
+    from sm120_kernels import fused_moe_w4a16_frag as F
+
+    cfg = {"kernel": "frag", "NT": 1, "num_warps": 8, "pipe": True, "depth": 4, "bulk": 4}
+    with pytest.raises(ValueError, match="fewer stages"):
+        F.ring_launch(cfg, 128, True, 8)
+    assert F.ring_launch({**cfg, "depth": 2, "bulk": 2}, 112 + 8, True, 1) == (0, "")  # 120 % 16
+    assert F.ring_launch({**cfg, "depth": 2, "bulk": 2}, 112, True, 1, interpreting=True) == (0, "")
+    assert F.ring_launch({**cfg, "depth": 2, "bulk": 2}, 112, True, 1)[0] == 2

@@ -59,3 +59,30 @@ def test_fragment_kernel_every_default_config(fmt, bucket):
     ref = M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5, swiglu_limit=10.0)
     res = registry.compare(out, ref)
     assert res.ok, res.detail
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
+@pytest.mark.parametrize("bucket", ["1", "64", "1048576"])
+def test_fragment_kernel_through_rings(fmt, bucket):
+    """Both GEMMs through the warps' shared-memory rings (config "bulk") against
+    the reference: one token (the two-launch path), and 40 tokens in several
+    expert blocks per program (the rings' stages and barrier phases carried
+    from block to block), with 8 and 16 tokens per block."""
+    from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F
+
+    base = configs.load_file("default.json")[fmt][bucket]
+    depth = 1 if base["gate_up"]["NT"] == 2 else 2
+    cfg = {part: {**base[part], "num_warps": 4, "depth": depth, "bulk": 2} for part in ("gate_up", "down")}
+    E, H, I, k = 4, 2048, 512, 3
+    T = 1 if bucket == "1" else 40
+    for part, kg in (("gate_up", H // 64), ("down", I // 64)):
+        assert F.ring_launch(cfg[part], kg, True, 8 * cfg[part]["NT"])[0] == 2  # the rings, not the fallback
+    W = M.random_weights(fmt, E, H, I, "cuda", seed=7)
+    x = torch.randn((T, H), device="cuda").to(torch.bfloat16)
+    ids = torch.randint(0, E, (T, k), device="cuda", dtype=torch.int32)
+    ids[::5, 1] = -1
+    tw = torch.rand((T, k), device="cuda")
+    out = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, routed_scaling_factor=1.5, swiglu_limit=10.0)
+    ref = M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5, swiglu_limit=10.0)
+    res = registry.compare(out, ref)
+    assert res.ok, res.detail

@@ -81,8 +81,8 @@ def test_bench_plot_writes_png(tmp_path):
 def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
     """bench --tune keeps the fastest candidate per GEMM, then at batch 1 the
     fastest one-token grid (direct_split 1, 2, 3, top_k, the rule) or the
-    four-launch path, then the fastest register cap on it; other batches get
-    no one-token or register-cap keys. Timings are faked from the config
+    four-launch path, then the fastest register cap on it (other batches get
+    no one-token or register-cap keys), then per GEMM the shared-memory rings. Timings are faked from the config
     under trial (no GPU)."""
     from types import SimpleNamespace
 
@@ -100,6 +100,7 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
         t -= {None: 0, 1: 1, 2: 4, 3: 2, model.top_k: 3}[gu.get("direct_split")]
         t -= 0.5 * bool(gu.get("maxnreg")) + 0.25 * bool(gu.get("scales_ahead"))
         t -= 5 * bool(down.get("maxnreg")) - 0.25 * bool(down.get("scales_ahead"))
+        t -= 1 * bool(gu.get("bulk")) - 1 * bool(down.get("bulk"))  # the ring: faster on the gate/up only
         return t + (50 if cfg.get("direct") is False else 0)
 
     def make(dev):
@@ -114,12 +115,17 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
     # the fake timing favours the most warps, RT 2 and the deepest ring (4)
     assert best["gate_up"]["num_warps"] == 16 and best["down"]["RT"] == 2
     assert best["down"]["depth"] == (2 if batch == 1 else 4)  # batch 1: the capped two-set pipe beat the ring
+    # last, every batch: the rings, kept on the gate/up only (scales_ahead dropped)
+    assert best["gate_up"]["bulk"] == 2 and best["gate_up"]["depth"] == 2 and "bulk" not in best["down"]
+    assert any(c["down"].get("bulk") == 2 for c in tried)
+    assert "scales_ahead" not in best["gate_up"]
     if batch == 1:
         assert best["gate_up"]["direct_split"] == 2 and best.get("direct", True)
-        # then the register cap on that grid, per GEMM: the gate/up with the
-        # scales decoded ahead, the down GEMM without (as the fake timing favours)
-        assert {k: best["gate_up"][k] for k in ("pipe", "depth", "maxnreg", "scales_ahead")} == dict(
-            pipe=True, depth=2, maxnreg=128, scales_ahead=True)
+        # before it, the register cap on that grid, per GEMM: the gate/up with
+        # the scales decoded ahead (as the fake timing favours; the ring then
+        # drops that key), the down GEMM without
+        assert any(c["gate_up"].get("scales_ahead") and c["gate_up"].get("maxnreg") == 128 for c in tried)
+        assert {k: best["gate_up"][k] for k in ("pipe", "depth", "maxnreg")} == dict(pipe=True, depth=2, maxnreg=128)
         assert best["down"]["maxnreg"] == 128 and best["down"]["pipe"] and "scales_ahead" not in best["down"]
         splits = {c["gate_up"].get("direct_split") for c in tried}
         assert splits == {None, 1, 2, 3, model.top_k}

@@ -157,10 +157,21 @@ def register_cap_trials(cfg: dict, kernel: str) -> list:
     return [cfg, {**cfg, kernel: capped}, {**cfg, kernel: {**capped, "scales_ahead": True}}]
 
 
+def ring_trials(cfg: dict, kernel: str) -> list:
+    """Every batch, last, per GEMM: the K loop through the warps' shared-memory
+    rings (bulk: 2 stages of 2 K groups; the ring has no use for scales_ahead).
+    On the H200 it tied with or lost to the register path at every batch
+    (README, "Eighth round"); the RTX PRO 6000's memory and shared memory
+    differ, so a tune there tries it."""
+    ring = {k: v for k, v in cfg[kernel].items() if k != "scales_ahead"}
+    return [cfg, {**cfg, kernel: {**ring, "bulk": 2, "depth": 2}}]
+
+
 def _tune(case, dev, do_bench):
     """Per kernel family: fastest gate_up (with the family's first down), then
     fastest down; the faster family wins. Batch 1 then tries the one-token
-    grids (one_token_trials), then the register cap (register_cap_trials)."""
+    grids (one_token_trials), then the register cap (register_cap_trials);
+    every batch last the shared-memory rings (ring_trials)."""
     from . import fused_moe_w4a16 as M
     from .models import MODELS
 
@@ -192,6 +203,11 @@ def _tune(case, dev, do_bench):
                        if (t := _time_trial(case, dev, do_bench, key, trial, f"register cap {trial}")) is not None]
             best_t, best = min(timings, key=lambda t: t[0])
             print(f"# tune {case.name} {kernel} register cap: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
+    for kernel in ("gate_up", "down"):
+        timings = [(t, trial) for trial in ring_trials(best, kernel)
+                   if (t := _time_trial(case, dev, do_bench, key, trial, f"ring {trial}")) is not None]
+        best_t, best = min(timings, key=lambda t: t[0])
+        print(f"# tune {case.name} {kernel} ring: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
     M._BENCH_CONFIG_OVERRIDE[key] = best
     return best
 

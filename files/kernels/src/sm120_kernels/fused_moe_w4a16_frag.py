@@ -416,6 +416,167 @@ def _scale_pairs(lo, hi, ok, FMT: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl
     return a, b
 
 
+
+# --------------------------------------------------------------------------
+# Shared-memory rings (BULK): bulk copies into shared memory, mbarriers
+# --------------------------------------------------------------------------
+#
+# The register path holds the bytes in flight in registers, and ptxas decides
+# where their loads issue (under its default register budget at the loop's
+# end: README, "Seventh round"). With BULK stages, each warp instead streams
+# its own contiguous share of K through a ring of BULK stages of DEPTH K groups
+# in a static shared buffer: lane 0 copies a stage's words and scales
+# (cp.async.bulk, sm_90 and later), the lanes of the valid token slots their
+# activation rows, onto the stage's mbarrier; the warp waits for the barrier,
+# reads the stage and refills the slot at once (the warp itself read it; no
+# other warp touches its ring, so no warp waits on another). No register holds
+# a byte in flight, so the copies are as deep as the ring.
+
+
+def ring_decl(nbytes: int) -> str:
+    """The rings' static shared buffer (nbytes, 128-aligned) and its address:
+    one declaration per kernel (the asm is called once). Static shared memory
+    is limited to 48 KB per program."""
+    if not 0 < nbytes <= 48 * 1024:
+        raise ValueError(f"the shared-memory rings need {nbytes} bytes; at most 49152 (48 KB) are static: "
+                         "fewer stages (bulk), warps or depth")
+    return ("{\n        .shared .align 128 .b8 moe_ring[%d];\n        mov.u32 $0, moe_ring;\n        }" % nbytes)
+
+
+def ring_bytes(nw: int, depth: int, two: bool, xrows: int, stages: int) -> int:
+    """Shared memory of the rings: per warp, stages x (each row tile's words
+    (depth x 512) and scale fragments (depth x 64), xrows activation rows
+    (depth x 128 each)), then one mbarrier per warp and stage."""
+    stage = (2 if two else 1) * depth * 576 + xrows * depth * 128
+    return nw * stages * (stage + 8)
+
+
+def ring_launch(cfg: dict, kg: int, two: bool, xrows: int, interpreting: bool = False) -> tuple:
+    """The kernel's BULK and RING for a config: its "bulk" stages where the
+    rings apply (on the GPU, K a whole number of stages of every warp), else
+    the register path (0, "")."""
+    nw, depth = cfg["num_warps"], cfg.get("depth", 1)
+    bulk = int(cfg.get("bulk", 0))
+    if not bulk or interpreting or kg % (nw * depth):
+        return 0, ""
+    return bulk, ring_decl(ring_bytes(nw, depth, two, xrows, bulk))
+
+
+_RING_INIT = tl.constexpr("""{
+        .reg .pred p;
+        setp.eq.u32 p, $1, 0;
+        @p mbarrier.init.shared::cta.b64 [$2], 1;
+        @p fence.mbarrier_init.release.cluster;
+        mov.b32 $0, 0;
+        }""")
+
+# one stage of a warp's ring: $6 the slot's address, $7 the stage's first K
+# group. flags bit 0: this lane copies row tile 0's words and scales and
+# arrives on the barrier ($2) with the tiles' bytes ($5); bit 1: row tile 1's;
+# bit 2: an activation row ($13, to $12 in the slot). The activation lanes
+# register their bytes before the arriving lane arrives (bar.warp.sync), so
+# the phase cannot complete without them; the proxy fence orders the warp's
+# earlier reads of the slot before the copies overwrite it. $14: K groups per
+# stage, $15: the scales' offset in the slot.
+_RING_ISSUE = tl.constexpr("""{
+        .reg .pred pt0, pt1, px;
+        .reg .b32 f, wb, sbytes, xbytes, d;
+        .reg .b64 o, src;
+        mov.b32 $0, 0;
+        and.b32 f, $1, 1;
+        setp.ne.b32 pt0, f, 0;
+        and.b32 f, $1, 2;
+        setp.ne.b32 pt1, f, 0;
+        and.b32 f, $1, 4;
+        setp.ne.b32 px, f, 0;
+        shl.b32 wb, $14, 9;
+        shl.b32 sbytes, $14, 6;
+        shl.b32 xbytes, $14, 7;
+        @px mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [$2], xbytes;
+        bar.warp.sync -1;
+        fence.proxy.async.shared::cta;
+        @pt0 mbarrier.arrive.expect_tx.shared::cta.b64 _, [$2], $5;
+        mul.wide.u32 o, $7, 512;
+        add.s64 src, $8, o;
+        @pt0 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$6], [src], wb, [$2];
+        add.s64 src, $10, o;
+        add.u32 d, $6, wb;
+        @pt1 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d], [src], wb, [$2];
+        mul.wide.u32 o, $7, 64;
+        add.s64 src, $9, o;
+        add.u32 d, $6, $15;
+        @pt0 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d], [src], sbytes, [$2];
+        add.s64 src, $11, o;
+        add.u32 d, d, sbytes;
+        @pt1 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d], [src], sbytes, [$2];
+        mul.wide.u32 o, $7, 128;
+        add.s64 src, $13, o;
+        add.u32 d, $6, $12;
+        @px cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d], [src], xbytes, [$2];
+        }""")
+
+_RING_WAIT = tl.constexpr("""{
+        .reg .pred pd;
+        RING_WAIT_FULL:
+        mbarrier.try_wait.parity.shared::cta.b64 pd, [$1], $2;
+        @!pd bra RING_WAIT_FULL;
+        mov.b32 $0, 0;
+        }""")
+
+
+@triton.jit
+def _ring_init(lane, bar):
+    return tl.inline_asm_elementwise(asm=_RING_INIT, constraints="=r,r,r", args=[lane, bar], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _ring_issue(flags, bar, tile_bytes, slot_addr, k0, wb0, sb0, wb1, sb1, x_off, xrow, groups, soff):
+    return tl.inline_asm_elementwise(
+        asm=_RING_ISSUE, constraints="=r,r,r,r,r,r,r,r,l,l,l,l,r,l,r,r",
+        args=[flags, bar, bar, bar, tile_bytes, slot_addr, k0, wb0, sb0, wb1, sb1, x_off, xrow, groups, soff],
+        dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _ring_wait(bar, parity):
+    """0, once the stage at bar has landed (added to the stage's addresses, so
+    its reads follow)."""
+    return tl.inline_asm_elementwise(asm=_RING_WAIT, constraints="=r,r,r", args=[bar, parity], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _lds_words(a):
+    return tl.inline_asm_elementwise(asm="ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", constraints="=r,=r,=r,=r,r",
+                                     args=[a], dtype=(tl.int32,) * 4, is_pure=False, pack=1)
+
+
+@triton.jit
+def _lds_scale(a, FMT: tl.constexpr):
+    if FMT == 0:
+        return tl.inline_asm_elementwise(asm="ld.shared.u16 $0, [$1];", constraints="=r,r", args=[a],
+                                         dtype=tl.int32, is_pure=False, pack=1)
+    return tl.inline_asm_elementwise(asm="ld.shared.b32 $0, [$1];", constraints="=r,r", args=[a], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _lds_x(a, valid):
+    """_ld_x from the ring: the lane's 32 bytes of its token's row (zeros for a
+    padding slot, whose row was not copied)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .pred p;
+        setp.ne.b32 p, $9, 0;
+        mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;
+        mov.b32 $4, 0; mov.b32 $5, 0; mov.b32 $6, 0; mov.b32 $7, 0;
+        @p ld.shared.v4.b32 {$0, $1, $2, $3}, [$8];
+        @p ld.shared.v4.b32 {$4, $5, $6, $7}, [$8+16];
+        }""",
+        constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r", args=[a, valid.to(tl.int32)], dtype=(tl.int32,) * 8,
+        is_pure=False, pack=1)
+
 # --------------------------------------------------------------------------
 # Kernel
 # --------------------------------------------------------------------------
@@ -571,6 +732,155 @@ def _warp_sum2(a, b, NW: tl.constexpr):
 
 
 @triton.jit
+def _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG, FMT: tl.constexpr,
+                NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
+                EVEN_K: tl.constexpr, INTERP: tl.constexpr, SCALES_AHEAD: tl.constexpr):
+    """The K loop from registers: acc0, acc1 += the row tiles' K groups."""
+    # software pipeline over DEPTH register sets (K groups kg, kg + NW,
+    # ...). Ring (not PIPE): each set is multiplied, then reloaded in
+    # place with the group DEPTH steps ahead, so a load has the other
+    # sets' MMAs to land in and needs no register copy (a copy of a
+    # value still in flight stalls the warp until it lands). PIPE: all
+    # of the next step's loads, then this step's MMAs. Where ptxas puts
+    # the loads is its choice: under its default register budget it
+    # sinks them to the loop's end (each step then waits a full memory
+    # latency); a launch with maxnreg lets it keep them first (README,
+    # "Seventh round").
+    kg = warp
+    step = NW * DEPTH
+    src = (wp0, wp1, sp0, sp1, xb, xb2, valid, valid2)
+    la, lb, lc, ld = _load_sets(src, kg, KG, FMT, NW, NT, TWO, DEPTH, INTERP)
+    if SCALES_AHEAD:  # pipe only: the register sets carry decoded scales
+        la, lb, lc, ld = _decode_sets(la, lb, lc, ld, kg, KG, FMT, NW, TWO, DEPTH, EVEN_K, INTERP)
+    for it in range(0, tl.cdiv(KG, step)):
+        if PIPE:
+            # every set's next loads, then this step's MMAs; with
+            # SCALES_AHEAD the next scales are decoded after the MMAs
+            na, nb, nc, nd = _load_sets(src, kg + step, KG, FMT, NW, NT, TWO, DEPTH, INTERP)
+            acc0, acc1 = _group_compute(acc0, acc1, la, kg < KG, FMT, NT, NW, TWO, EVEN_K, INTERP,
+                                        SCALES_AHEAD)
+            if DEPTH >= 2:
+                acc0, acc1 = _group_compute(acc0, acc1, lb, kg + NW < KG, FMT, NT, NW, TWO, EVEN_K,
+                                            INTERP, SCALES_AHEAD)
+            if DEPTH >= 3:
+                acc0, acc1 = _group_compute(acc0, acc1, lc, kg + 2 * NW < KG, FMT, NT, NW, TWO, EVEN_K,
+                                            INTERP, SCALES_AHEAD)
+            if DEPTH >= 4:
+                acc0, acc1 = _group_compute(acc0, acc1, ld, kg + 3 * NW < KG, FMT, NT, NW, TWO, EVEN_K,
+                                            INTERP, SCALES_AHEAD)
+            if SCALES_AHEAD:
+                na, nb, nc, nd = _decode_sets(na, nb, nc, nd, kg + step, KG, FMT, NW, TWO, DEPTH, EVEN_K,
+                                              INTERP)
+            la = na
+            lb = nb
+            lc = nc
+            ld = nd
+        else:
+            acc0, acc1, la = _ring_step(acc0, acc1, la, src, kg, step, KG, FMT, NT, NW, TWO, EVEN_K,
+                                        INTERP)
+            if DEPTH >= 2:
+                acc0, acc1, lb = _ring_step(acc0, acc1, lb, src, kg + NW, step, KG, FMT, NT, NW, TWO,
+                                            EVEN_K, INTERP)
+            if DEPTH >= 3:
+                acc0, acc1, lc = _ring_step(acc0, acc1, lc, src, kg + 2 * NW, step, KG, FMT, NT, NW, TWO,
+                                            EVEN_K, INTERP)
+            if DEPTH >= 4:
+                acc0, acc1, ld = _ring_step(acc0, acc1, ld, src, kg + 3 * NW, step, KG, FMT, NT, NW, TWO,
+                                            EVEN_K, INTERP)
+        kg += step
+    return acc0, acc1
+
+
+@triton.jit
+def _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, d: tl.constexpr, FMT: tl.constexpr,
+                NT: tl.constexpr, TWO: tl.constexpr, DEPTH: tl.constexpr):
+    """_group_loads' result for group d of a landed stage of the warp's ring
+    (slot at sbase: each row tile's DEPTH groups of words, then of scale
+    fragments, then the activation rows)."""
+    NTILE: tl.constexpr = 2 if TWO else 1
+    w0, w1, w2, w3 = _lds_words(sbase + d * 512 + lane * 16)
+    t0 = (w0, w1, w2, w3, _lds_scale(sbase + NTILE * DEPTH * 512 + d * 64 + slane * 2, FMT))
+    t1 = t0
+    if TWO:
+        v0, v1, v2, v3 = _lds_words(sbase + DEPTH * 512 + d * 512 + lane * 16)
+        t1 = (v0, v1, v2, v3, _lds_scale(sbase + 2 * DEPTH * 512 + DEPTH * 64 + d * 64 + slane * 2, FMT))
+    xoff: tl.constexpr = NTILE * DEPTH * 576
+    x = _lds_x(sbase + xoff + xr0 * (DEPTH * 128) + d * 128 + tq * 32, valid)
+    if NT == 2:
+        x = x + _lds_x(sbase + xoff + (8 + gi) * (DEPTH * 128) + d * 128 + tq * 32, valid2)
+    return t0, t1, x
+
+
+@triton.jit
+def _ring_k_loop(acc0, acc1, rb, cnt, t, wb0, wb1, sb0, sb1, xrow0, xrow1, valid, valid2, slane, KG,
+                 FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr, DEPTH: tl.constexpr,
+                 BULK: tl.constexpr, DIRECT: tl.constexpr, STAGE: tl.constexpr, BARS: tl.constexpr):
+    """The K loop through the warps' rings: warp w takes K groups w x KG / NW
+    onwards, DEPTH per stage, BULK stages in flight. cnt: the stages each ring
+    took before this block (each stage's slot and barrier phase follow from
+    it). wb*, sb*: the row tiles' words and scale fragments at K group 0;
+    xrow0 / xrow1: the lane's token rows (token slots gi and 8 + gi)."""
+    NTILE: tl.constexpr = 2 if TWO else 1
+    lane = t % 32
+    warp = t // 32
+    gi = lane // 4
+    tq = lane % 4
+    # lane 0 copies the words and scales; lane 4 gi token slot gi's activation
+    # row, lane 4 gi + 1 slot 8 + gi's (NT 2); one row per block for one token
+    flags = tl.where(lane == 0, 3 if TWO else 1, 0) | tl.where((tq == 0) & valid, 4, 0)
+    xslot = gi
+    if DIRECT:
+        xslot = gi * 0
+    xrow = xrow0
+    if NT == 2:
+        flags = flags | tl.where((tq == 1) & valid2, 4, 0)
+        xslot = tl.where(tq == 1, 8 + gi, gi)
+        xrow = tl.where(tq == 1, xrow1, xrow0)
+    xr0 = gi
+    if DIRECT:
+        xr0 = gi * 0
+    x_off = NTILE * DEPTH * 576 + xslot * (DEPTH * 128)
+    z = t * 0
+    nst = KG // (NW * DEPTH)
+    k_warp = warp * (nst * DEPTH)  # the warp's first K group
+    ring = rb + warp * (BULK * STAGE)
+    bars = rb + BARS + warp * (8 * BULK)
+    for jj in tl.static_range(BULK):  # the first BULK stages
+        if jj < nst:
+            sl = (cnt + jj) % BULK
+            _ring_issue(flags, bars + 8 * sl, z + NTILE * DEPTH * 576, ring + sl * STAGE, k_warp + jj * DEPTH,
+                        wb0 + z, sb0 + z, wb1 + z, sb1 + z, x_off, xrow, z + DEPTH, z + NTILE * DEPTH * 512)
+    for j in range(nst):
+        i = cnt + j
+        slot = i % BULK
+        dep = _ring_wait(bars + 8 * slot, z + (i // BULK) % 2)
+        sbase = ring + slot * STAGE + dep
+        la = _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, 0, FMT, NT, TWO, DEPTH)
+        lb = la
+        lc = la
+        ld = la
+        if DEPTH >= 2:
+            lb = _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, 1, FMT, NT, TWO, DEPTH)
+        if DEPTH >= 3:
+            lc = _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, 2, FMT, NT, TWO, DEPTH)
+        if DEPTH >= 4:
+            ld = _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, 3, FMT, NT, TWO, DEPTH)
+        # the warp has read the slot: refill it with the stage BULK ahead
+        if j + BULK < nst:
+            _ring_issue(flags, bars + 8 * slot, z + NTILE * DEPTH * 576, ring + slot * STAGE,
+                        k_warp + (j + BULK) * DEPTH, wb0 + z, sb0 + z, wb1 + z, sb1 + z, x_off, xrow, z + DEPTH,
+                        z + NTILE * DEPTH * 512)
+        acc0, acc1 = _group_compute(acc0, acc1, la, True, FMT, NT, NW, TWO, True, False)
+        if DEPTH >= 2:
+            acc0, acc1 = _group_compute(acc0, acc1, lb, True, FMT, NT, NW, TWO, True, False)
+        if DEPTH >= 3:
+            acc0, acc1 = _group_compute(acc0, acc1, lc, True, FMT, NT, NW, TWO, True, False)
+        if DEPTH >= 4:
+            acc0, acc1 = _group_compute(acc0, acc1, ld, True, FMT, NT, NW, TWO, True, False)
+    return acc0, acc1
+
+
+@triton.jit
 def _moe_frag_kernel(
     x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
@@ -580,7 +890,7 @@ def _moe_frag_kernel(
     FMT: tl.constexpr, GATED: tl.constexpr, X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr,
     NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
     EVEN_K: tl.constexpr, INTERP: tl.constexpr, DIRECT: tl.constexpr = False, KP: tl.constexpr = 1,
-    SCALES_AHEAD: tl.constexpr = False,
+    SCALES_AHEAD: tl.constexpr = False, BULK: tl.constexpr = 0, RING: tl.constexpr = "",
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -595,9 +905,18 @@ def _moe_frag_kernel(
     KP-wide vector; slots routed elsewhere are skipped). GATED writes row
     8 mb of out. The down GEMM (grid axis 1 of size 1) walks every slot and
     sums its rows times the top-k weight in registers, then writes the
-    token's bf16 output times rsf: the combine without its launch."""
+    token's bf16 output times rsf: the combine without its launch.
+
+    BULK > 0: each warp streams its share of K through a shared-memory ring
+    of BULK stages (_ring_k_loop; RING declares the buffer; KG a multiple of
+    NW x DEPTH)."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
+    # the rings' layout (ring_bytes): per warp BULK stages of STAGE bytes, then
+    # the barriers (one per warp and stage)
+    NTILE: tl.constexpr = 2 if TWO else 1
+    STAGE: tl.constexpr = NTILE * DEPTH * 576 + (1 if DIRECT else BM) * DEPTH * 128
+    BARS: tl.constexpr = NW * BULK * STAGE
     t = tl.arange(0, 32 * NW)
     lane = t % 32
     warp = t // 32
@@ -625,6 +944,13 @@ def _moe_frag_kernel(
     tot02 = tl.zeros((32,), tl.float32)
     tot10 = tl.zeros((32,), tl.float32)
     tot12 = tl.zeros((32,), tl.float32)
+    cnt = tl.program_id(0) * 0  # stages each warp's ring has taken so far (BULK)
+    rb = t * 0
+    if BULK > 0:
+        rb = tl.inline_asm_elementwise(asm=RING, constraints="=r,r", args=[t], dtype=tl.int32, is_pure=True, pack=1)
+        for sl in tl.static_range(BULK):
+            _ring_init(lane, rb + BARS + 8 * (warp * BULK + sl))
+        tl.debug_barrier()
     for mb in range(tl.program_id(1), nblk, tl.num_programs(1)):
         if DIRECT:
             e_id = tl.sum(tl.where(kidx == mb, ids_vec, 0))
@@ -662,58 +988,18 @@ def _moe_frag_kernel(
             sp1 = s_ptr + e * stride_se + tile1.to(tl.int64) * stride_sn + slane
             acc0 = _zeros(32 * NW, NT)
             acc1 = acc0
-            # software pipeline over DEPTH register sets (K groups kg, kg + NW,
-            # ...). Ring (not PIPE): each set is multiplied, then reloaded in
-            # place with the group DEPTH steps ahead, so a load has the other
-            # sets' MMAs to land in and needs no register copy (a copy of a
-            # value still in flight stalls the warp until it lands). PIPE: all
-            # of the next step's loads, then this step's MMAs. Where ptxas puts
-            # the loads is its choice: under its default register budget it
-            # sinks them to the loop's end (each step then waits a full memory
-            # latency); a launch with maxnreg lets it keep them first (README,
-            # "Seventh round").
-            kg = warp
-            step = NW * DEPTH
-            src = (wp0, wp1, sp0, sp1, xb, xb2, valid, valid2)
-            la, lb, lc, ld = _load_sets(src, kg, KG, FMT, NW, NT, TWO, DEPTH, INTERP)
-            if SCALES_AHEAD:  # pipe only: the register sets carry decoded scales
-                la, lb, lc, ld = _decode_sets(la, lb, lc, ld, kg, KG, FMT, NW, TWO, DEPTH, EVEN_K, INTERP)
-            for it in range(0, tl.cdiv(KG, step)):
-                if PIPE:
-                    # every set's next loads, then this step's MMAs; with
-                    # SCALES_AHEAD the next scales are decoded after the MMAs
-                    na, nb, nc, nd = _load_sets(src, kg + step, KG, FMT, NW, NT, TWO, DEPTH, INTERP)
-                    acc0, acc1 = _group_compute(acc0, acc1, la, kg < KG, FMT, NT, NW, TWO, EVEN_K, INTERP,
-                                                SCALES_AHEAD)
-                    if DEPTH >= 2:
-                        acc0, acc1 = _group_compute(acc0, acc1, lb, kg + NW < KG, FMT, NT, NW, TWO, EVEN_K,
-                                                    INTERP, SCALES_AHEAD)
-                    if DEPTH >= 3:
-                        acc0, acc1 = _group_compute(acc0, acc1, lc, kg + 2 * NW < KG, FMT, NT, NW, TWO, EVEN_K,
-                                                    INTERP, SCALES_AHEAD)
-                    if DEPTH >= 4:
-                        acc0, acc1 = _group_compute(acc0, acc1, ld, kg + 3 * NW < KG, FMT, NT, NW, TWO, EVEN_K,
-                                                    INTERP, SCALES_AHEAD)
-                    if SCALES_AHEAD:
-                        na, nb, nc, nd = _decode_sets(na, nb, nc, nd, kg + step, KG, FMT, NW, TWO, DEPTH, EVEN_K,
-                                                      INTERP)
-                    la = na
-                    lb = nb
-                    lc = nc
-                    ld = nd
-                else:
-                    acc0, acc1, la = _ring_step(acc0, acc1, la, src, kg, step, KG, FMT, NT, NW, TWO, EVEN_K,
-                                                INTERP)
-                    if DEPTH >= 2:
-                        acc0, acc1, lb = _ring_step(acc0, acc1, lb, src, kg + NW, step, KG, FMT, NT, NW, TWO,
-                                                    EVEN_K, INTERP)
-                    if DEPTH >= 3:
-                        acc0, acc1, lc = _ring_step(acc0, acc1, lc, src, kg + 2 * NW, step, KG, FMT, NT, NW, TWO,
-                                                    EVEN_K, INTERP)
-                    if DEPTH >= 4:
-                        acc0, acc1, ld = _ring_step(acc0, acc1, ld, src, kg + 3 * NW, step, KG, FMT, NT, NW, TWO,
-                                                    EVEN_K, INTERP)
-                kg += step
+            if BULK > 0:
+                acc0, acc1 = _ring_k_loop(
+                    acc0, acc1, rb, cnt, t, w_ptr + e * stride_we + tile0 * stride_wt,
+                    w_ptr + e * stride_we + tile1 * stride_wt,
+                    s_ptr + e * stride_se + tile0.to(tl.int64) * stride_sn,
+                    s_ptr + e * stride_se + tile1.to(tl.int64) * stride_sn,
+                    xb - 8 * tq, xb2 - 8 * tq, valid, valid2, slane, KG, FMT, NT, NW, TWO, DEPTH, BULK, DIRECT,
+                    STAGE, BARS)
+                cnt += KG // (NW * DEPTH)
+            else:
+                acc0, acc1 = _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG, FMT, NT,
+                                         NW, TWO, PIPE, DEPTH, EVEN_K, INTERP, SCALES_AHEAD)
             g = tl.load(g_ptr + e) * g_mult
             # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
             if DIRECT:
@@ -815,6 +1101,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     assert cfg["pipe"] or not scales_ahead, f"scales_ahead is a pipe option: {cfg}"
     rt = 1 if gated else cfg.get("RT", 1)
     assert (n_out // 16) % rt == 0
+    bulk, ring = ring_launch(cfg, KG, gated or rt == 2, 1 if direct else 8 * nt, _interpreting())
     tiles = n_out // 16 // rt
     if direct and gated:  # the token's slots shared by direct_split() programs per row tile
         from .indexer import _num_sms
@@ -835,7 +1122,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
         NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=depth, EVEN_K=KG % (nw * depth) == 0,
         INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
-        SCALES_AHEAD=scales_ahead, num_warps=nw, num_stages=1,
+        SCALES_AHEAD=scales_ahead, BULK=bulk, RING=ring, num_warps=nw, num_stages=1,
         **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") else {}),
     )
 

@@ -15,7 +15,10 @@ the register ring, each set reloaded in place right after its MMAs) and, for
 the down GEMM, RT (row tiles per program). Optional: maxnreg (the launch's
 register cap; under it ptxas keeps a pipe step's loads ahead of its MMAs),
 scales_ahead (pipe only: a step decodes the next step's block scales after its
-MMAs) and, at one token, direct_split and direct (fused_moe_w4a16_frag).
+MMAs), bulk (the K loop through each warp's shared-memory ring of that many
+stages of depth K groups, copied by cp.async.bulk; pipe and scales_ahead then
+do not apply; at most 48 KB of rings per program) and, at one token,
+direct_split and direct (fused_moe_w4a16_frag).
 """
 
 from __future__ import annotations
