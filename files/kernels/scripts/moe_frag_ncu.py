@@ -1,13 +1,17 @@
 """Run the MoE (fragment kernel, shipped H200 config) once per model at one
 batch, for Nsight Compute:
 
-    PYTHONPATH=src ncu --clock-control none -k regex:_moe_frag python3 scripts/moe_frag_ncu.py [batch] [model index]
+    PYTHONPATH=src ncu --clock-control none -k regex:_moe_frag python3 scripts/moe_frag_ncu.py [batch] [model index] [JSON]
+
+JSON: keys set on top of the shipped config per GEMM, e.g. '{"gate_up": {"bulk": 4, "depth": 2}}'.
 """
+import json
 import sys
 
 import torch
 
 from sm120_kernels import fused_moe_w4a16 as M
+from sm120_kernels.configs import get_config
 from sm120_kernels.models import MODELS, ep_share_routing
 
 b = int(sys.argv[1]) if len(sys.argv) > 1 else 64
@@ -17,7 +21,10 @@ for model in models:
     W = M._model_weights(model, dev)
     tw, ids, active = ep_share_routing(model, b, dev, seed=1000 + b)
     x = torch.randn((b, model.hidden), device=dev).to(torch.bfloat16)
+    cfg = get_config(model.fmt, b)
+    for part, keys in (json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}).items():
+        cfg = {**cfg, part: {**cfg[part], **keys}}
     for _ in range(2):
         M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=model.routed_scaling_factor,
-                          swiglu_limit=model.swiglu_limit)
+                          swiglu_limit=model.swiglu_limit, config=cfg)
     torch.cuda.synchronize()

@@ -4,7 +4,7 @@ cases, both bench figures (single call: CUDA-graph replay, L2 cleared; in
 stream: the bench's input sets back to back in one graph; medians), each
 checked against the reference first.
 
-    PYTHONPATH=src python3 scripts/moe_sweep.py [--both | --only-both] [--key KEY] [batch ...]
+    PYTHONPATH=src python3 scripts/moe_sweep.py [--both | --only-both] [--key KEY] [--part GEMM] [--var JSON] [batch ...]
 """
 import argparse
 import json
@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--key", choices=sorted({k for v in VARIANTS for k in v}),
                     help="only the variants setting this key")
     ap.add_argument("--only-both", action="store_true", help="only the variants on both GEMMs at once")
+    ap.add_argument("--part", choices=("gate_up", "down"), help="the variants on this GEMM only")
     ap.add_argument("--var", action="append", type=json.loads, metavar="JSON",
                     help='a variant to try instead of VARIANTS, e.g. \'{"maxnreg": 96}\' (repeatable)')
     args = ap.parse_args()
@@ -65,7 +66,7 @@ def main():
             o = torch.empty_like(x)
             variants = [] if args.only_both else [
                 (f"{part} {label(var)}", {**shipped, part: with_variant(shipped[part], var)})
-                for part in ("gate_up", "down") for var in variants_tried]
+                for part in ("gate_up", "down") if args.part in (None, part) for var in variants_tried]
             if args.both or args.only_both:
                 variants += [(f"both {label(var)}", {**shipped, **{part: with_variant(shipped[part], var)
                                                                      for part in ("gate_up", "down")}})

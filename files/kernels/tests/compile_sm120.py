@@ -74,6 +74,7 @@ def _gemm_variants():
                                  RT=1 if gated else c.get("RT", 1), PIPE=c["pipe"], DEPTH=c.get("depth", 1),
                                  EVEN_K=k_words % (c["num_warps"] * c.get("depth", 1)) == 0, INTERP=False,
                                  DIRECT=False, KP=1, SCALES_AHEAD=bool(c.get("scales_ahead")),
+                                 LAUNCH_DEPENDENTS=False, PREFETCH=False,
                                  **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") else {}))
                     two = gated or c.get("RT", 1) == 2
                     bulk, ring = F.ring_launch(c, k_words, two, 8 * c["NT"])
@@ -81,9 +82,15 @@ def _gemm_variants():
                            dict(const, BULK=bulk, RING=ring), c["num_warps"], 1)
                     if bucket == "1" and c["NT"] == 1:  # one token: the two-launch path (bf16 output)
                         bulk, ring = F.ring_launch(c, k_words, two, 1)  # one activation row
+                        # a prefetching down GEMM (ring_prefetch on sm_90 and newer), and
+                        # the gate/up that lets it launch early
+                        prefetch = bool(cfgs["down"].get("prefetch")) and F.ring_launch(
+                            cfgs["down"], model.inter // 64, False, 1)[0] > 0
                         yield (f"{fname}:{fmt}:{bucket}:{kernel}:direct", F._moe_frag_kernel,
                                dict(sig, out_ptr=ptr["bf16"]),
-                               dict(const, DIRECT=True, KP=8, BULK=bulk, RING=ring), c["num_warps"], 1)
+                               dict(const, DIRECT=True, KP=8, BULK=bulk, RING=ring,
+                                    LAUNCH_DEPENDENTS=prefetch and gated, PREFETCH=prefetch and not gated),
+                               c["num_warps"], 1)
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:
         fmt = model.fmt

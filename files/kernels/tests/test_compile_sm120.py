@@ -12,6 +12,9 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
 
 
 K_LOOP_BUDGET = {1: 29.0, 2: 25.0}  # SASS instructions per packed word in the K loop
+# through the shared-memory rings: the stage's barrier wait and refill on top
+# (the shipped H200 one-token down GEMMs: 29.7 and 30.6 on sm_120a)
+K_LOOP_BUDGET_RING = 33.0
 
 
 def _variants():
@@ -38,13 +41,15 @@ def test_compiles_for_sm120(variant):
         words = res["loop_hmma"] // const["NT"]
         assert words > 0, ("no HMMA loop found", res)
         per_word = res["loop_instructions"] / words
-        assert per_word <= K_LOOP_BUDGET[const["NT"]], (name, round(per_word, 2), res["loop_mix"])
+        budget = K_LOOP_BUDGET_RING if const.get("BULK") else K_LOOP_BUDGET[const["NT"]]
+        assert per_word <= budget, (name, round(per_word, 2), res["loop_mix"])
         assert "local" not in res["loop_mix"], res
-        if const.get("maxnreg"):
-            # what the register cap is for: ptxas keeps the step's weight and scale
-            # loads half a loop or more ahead of their first use (without it they
-            # are sunk to the loop's end and read at once: 0.04-0.35 of the loop
-            # in these builds; README, "Seventh round")
+        if const.get("maxnreg") and const["PIPE"] and not const.get("BULK"):
+            # what the register cap is for in a pipe: ptxas keeps the step's weight
+            # and scale loads half a loop or more ahead of their first use (without
+            # it they are sunk to the loop's end and read at once: 0.04-0.35 of the
+            # loop in these builds; README, "Seventh round"). The rings' cap is for
+            # occupancy (their K loop loads from shared memory).
             dist = res["loop_load_use"]
             assert min(dist["weights"], dist["scales"]) >= 0.5, (name, dist)
 
@@ -77,7 +82,7 @@ def test_ring_compiles_for_sm120(case):
     assert bulk == 2 and "moe_ring" in ring
     const = dict(FMT=M.FORMATS.index(fmt), GATED=gated, X_IS_SORTED=not gated, HAS_LIMIT=gated, NT=1, NW=nw,
                  RT=rt, PIPE=True, DEPTH=2, EVEN_K=True, INTERP=False, DIRECT=direct, KP=8 if direct else 1,
-                 SCALES_AHEAD=False, BULK=bulk, RING=ring)
+                 SCALES_AHEAD=False, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=False, PREFETCH=False)
     sig = dict(C.FRAG_SIG, s_ptr="*i16", out_ptr="*bf16" if gated or direct else "*fp32")
     r = compile_sm120(F._moe_frag_kernel, sig, const, nw, 1, sass=True)
     assert r["static_shared"] == F.ring_bytes(nw, 2, gated or rt == 2, 1 if direct else 8, 2), r["report"]
@@ -89,14 +94,40 @@ def test_ring_compiles_for_sm120(case):
     assert not any(op.startswith("LDG") for op in ops), "a global load left in the ring's K loop"
 
 
-def test_ring_rejects_what_does_not_fit():
-    """More ring than 48 KB of static shared memory: a clear error naming the
-    fix; K not a whole number of stages: the register path."""
+def test_ring_falls_back_where_it_does_not_fit():
+    """The register path where the rings do not apply: more than 48 KB of
+    static shared memory (here: blocks of 8 tokens, where one token fits), K
+    not a whole number of stages, the interpreter. ring_decl itself refuses
+    more than 48 KB, naming the fix."""
     from sm120_kernels import fused_moe_w4a16_frag as F
 
-    cfg = {"kernel": "frag", "NT": 1, "num_warps": 8, "pipe": True, "depth": 4, "bulk": 4}
+    cfg = {"kernel": "frag", "NT": 1, "num_warps": 8, "pipe": True, "depth": 4, "bulk": 1}
+    assert F.ring_launch(cfg, 32, False, 8) == (0, "")
+    assert F.ring_launch(cfg, 32, False, 1)[0] == 1
     with pytest.raises(ValueError, match="fewer stages"):
-        F.ring_launch(cfg, 128, True, 8)
+        F.ring_decl(F.ring_bytes(8, 4, False, 8, 1))
     assert F.ring_launch({**cfg, "depth": 2, "bulk": 2}, 112 + 8, True, 1) == (0, "")  # 120 % 16
     assert F.ring_launch({**cfg, "depth": 2, "bulk": 2}, 112, True, 1, interpreting=True) == (0, "")
     assert F.ring_launch({**cfg, "depth": 2, "bulk": 2}, 112, True, 1)[0] == 2
+
+
+def test_ring_prefetch_only_for_one_token_down_rings(monkeypatch):
+    """prefetch applies to one token's down GEMM through its rings on a GPU of
+    sm_90 or newer: not without rings (none, or K not whole stages), not for
+    the gate/up, not before sm_90, not on CPU (capability faked, no GPU)."""
+    import torch
+
+    from sm120_kernels import fused_moe_w4a16_frag as F
+
+    cap = {"value": (12, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["value"])
+    cfg = {"kernel": "frag", "NT": 1, "num_warps": 4, "pipe": False, "depth": 4, "bulk": 2, "prefetch": True}
+    gpu = torch.device("cuda")
+    assert F.ring_prefetch(cfg, 32, True, gpu)
+    assert not F.ring_prefetch({**cfg, "prefetch": False}, 32, True, gpu)
+    assert not F.ring_prefetch({**cfg, "bulk": 0}, 32, True, gpu)
+    assert not F.ring_prefetch(cfg, 24, True, gpu)  # 24 K groups: not whole stages of 16
+    assert not F.ring_prefetch(cfg, 32, False, gpu)
+    assert not F.ring_prefetch(cfg, 32, True, torch.device("cpu"))
+    cap["value"] = (8, 9)
+    assert not F.ring_prefetch(cfg, 32, True, gpu)

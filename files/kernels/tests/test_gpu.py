@@ -86,3 +86,29 @@ def test_fragment_kernel_through_rings(fmt, bucket):
     ref = M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5, swiglu_limit=10.0)
     res = registry.compare(out, ref)
     assert res.ok, res.detail
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
+@pytest.mark.parametrize("down", [{"num_warps": 4, "bulk": 2}, {"num_warps": 8, "bulk": 1}], ids=["4w", "8w"])
+@pytest.mark.parametrize("first_live", [0, 1])
+def test_one_token_down_prefetch(fmt, down, first_live):
+    """One token, the down GEMM through its rings with its first live slot's
+    weights prefetched before the gate/up GEMM ends (programmatic dependent
+    launch), against the reference: the other live slots stream as usual
+    after it (the rings' stages carried on), the first slot routed elsewhere
+    or not."""
+    from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F
+
+    base = configs.load_file("default.json")[fmt]["1"]
+    cfg = {"gate_up": base["gate_up"],
+           "down": {"kernel": "frag", "NT": 1, "pipe": False, "depth": 4, "RT": 1, "prefetch": True, **down}}
+    E, H, I = 4, 1024, 2048
+    assert F.ring_prefetch(cfg["down"], I // 64, True, torch.device("cuda"))
+    W = M.random_weights(fmt, E, H, I, "cuda", seed=8)
+    x = torch.randn((1, H), device="cuda").to(torch.bfloat16)
+    ids = torch.tensor([[-1, 2, 0, 3]] if first_live else [[1, -1, 3, 0]], device="cuda", dtype=torch.int32)
+    tw = torch.rand((1, 4), device="cuda")
+    out = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, routed_scaling_factor=1.5, swiglu_limit=10.0)
+    ref = M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5, swiglu_limit=10.0)
+    res = registry.compare(out, ref)
+    assert res.ok, res.detail

@@ -82,8 +82,9 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
     """bench --tune keeps the fastest candidate per GEMM, then at batch 1 the
     fastest one-token grid (direct_split 1, 2, 3, top_k, the rule) or the
     four-launch path, then the fastest register cap on it (other batches get
-    no one-token or register-cap keys), then per GEMM the shared-memory rings. Timings are faked from the config
-    under trial (no GPU)."""
+    no one-token or register-cap keys), then per GEMM the shared-memory rings
+    (at batch 1 for the down GEMM also prefetching ones). Timings are faked
+    from the config under trial (no GPU)."""
     from types import SimpleNamespace
 
     from sm120_kernels import bench
@@ -99,8 +100,9 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
         t = 100.0 - 5 * gu["num_warps"] / 16 - 3 * down.get("RT", 1) - 2 * down.get("depth", 1)
         t -= {None: 0, 1: 1, 2: 4, 3: 2, model.top_k: 3}[gu.get("direct_split")]
         t -= 0.5 * bool(gu.get("maxnreg")) + 0.25 * bool(gu.get("scales_ahead"))
-        t -= 5 * bool(down.get("maxnreg")) - 0.25 * bool(down.get("scales_ahead"))
-        t -= 1 * bool(gu.get("bulk")) - 1 * bool(down.get("bulk"))  # the ring: faster on the gate/up only
+        t -= 5 * bool(down.get("maxnreg") and not down.get("bulk")) - 0.25 * bool(down.get("scales_ahead"))
+        t -= 1 * bool(gu.get("bulk")) - 1 * bool(down.get("bulk"))  # the rings: faster on the gate/up only,
+        t -= 7 * bool(down.get("prefetch")) + 0.1 * down["num_warps"] / 8  # and prefetching ones on the down
         return t + (50 if cfg.get("direct") is False else 0)
 
     def make(dev):
@@ -114,19 +116,25 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
     best = bench._tune(case, "cpu", None)
     # the fake timing favours the most warps, RT 2 and the deepest ring (4)
     assert best["gate_up"]["num_warps"] == 16 and best["down"]["RT"] == 2
-    assert best["down"]["depth"] == (2 if batch == 1 else 4)  # batch 1: the capped two-set pipe beat the ring
-    # last, every batch: the rings, kept on the gate/up only (scales_ahead dropped)
-    assert best["gate_up"]["bulk"] == 2 and best["gate_up"]["depth"] == 2 and "bulk" not in best["down"]
-    assert any(c["down"].get("bulk") == 2 for c in tried)
-    assert "scales_ahead" not in best["gate_up"]
+    assert best["down"]["depth"] == 4
+    # last, every batch: the rings, kept on the gate/up (scales_ahead and the cap
+    # dropped); at batch 1 the prefetching down GEMM with 8 warps (one stage)
+    assert best["gate_up"]["bulk"] == 2 and best["gate_up"]["depth"] == 2
+    assert "scales_ahead" not in best["gate_up"] and "maxnreg" not in best["gate_up"]
+    assert any(c["down"].get("bulk") == 2 and c["down"]["depth"] == 2 for c in tried)
+    if batch == 1:
+        assert {k: best["down"].get(k) for k in ("bulk", "depth", "num_warps", "prefetch", "maxnreg")} == dict(
+            bulk=1, depth=4, num_warps=8, prefetch=True, maxnreg=104)
+    else:
+        assert "bulk" not in best["down"] and not any(c["down"].get("prefetch") for c in tried)
     if batch == 1:
         assert best["gate_up"]["direct_split"] == 2 and best.get("direct", True)
-        # before it, the register cap on that grid, per GEMM: the gate/up with
-        # the scales decoded ahead (as the fake timing favours; the ring then
-        # drops that key), the down GEMM without
+        # before them, the register cap on that grid, per GEMM: the gate/up with
+        # the scales decoded ahead, the down GEMM without (as the fake timing
+        # favours; the rings then drop both keys)
         assert any(c["gate_up"].get("scales_ahead") and c["gate_up"].get("maxnreg") == 128 for c in tried)
-        assert {k: best["gate_up"][k] for k in ("pipe", "depth", "maxnreg")} == dict(pipe=True, depth=2, maxnreg=128)
-        assert best["down"]["maxnreg"] == 128 and best["down"]["pipe"] and "scales_ahead" not in best["down"]
+        assert any(c["down"].get("maxnreg") == 128 and "scales_ahead" not in c["down"] and c["down"]["depth"] == 2
+                   and not c["down"].get("bulk") for c in tried)
         splits = {c["gate_up"].get("direct_split") for c in tried}
         assert splits == {None, 1, 2, 3, model.top_k}
         assert any(c.get("direct") is False for c in tried)

@@ -157,14 +157,23 @@ def register_cap_trials(cfg: dict, kernel: str) -> list:
     return [cfg, {**cfg, kernel: capped}, {**cfg, kernel: {**capped, "scales_ahead": True}}]
 
 
-def ring_trials(cfg: dict, kernel: str) -> list:
+def ring_trials(cfg: dict, kernel: str, batch: int) -> list:
     """Every batch, last, per GEMM: the K loop through the warps' shared-memory
-    rings (bulk: 2 stages of 2 K groups; the ring has no use for scales_ahead).
-    On the H200 it tied with or lost to the register path at every batch
-    (README, "Eighth round"); the RTX PRO 6000's memory and shared memory
-    differ, so a tune there tries it."""
-    ring = {k: v for k, v in cfg[kernel].items() if k != "scales_ahead"}
-    return [cfg, {**cfg, kernel: {**ring, "bulk": 2, "depth": 2}}]
+    rings (bulk: 2 stages of 2 K groups; the rings have no use for pipe's
+    scales_ahead or its register cap). On the H200 that tied with or lost to
+    the register path at every batch (README, "Eighth round"); the RTX PRO
+    6000's memory and shared memory differ, so a tune there tries it. At one
+    token the down GEMM also tries rings holding its whole K whose first
+    stages are copied before the gate/up GEMM ends (prefetch; 4 warps of 2
+    stages of 4 groups, 8 warps of 1 stage of 4), under a 104-register cap so
+    that two of its programs fit beside a gate/up program; on the H200 that
+    won for DeepSeek-V4-Flash."""
+    ring = {k: v for k, v in cfg[kernel].items() if k not in ("scales_ahead", "maxnreg")}
+    trials = [cfg, {**cfg, kernel: {**ring, "bulk": 2, "depth": 2}}]
+    if kernel == "down" and batch == 1 and cfg.get("direct", True):
+        trials += [{**cfg, kernel: {**ring, "num_warps": nw, "bulk": bulk, "depth": 4, "prefetch": True,
+                                    "maxnreg": 104}} for nw, bulk in ((4, 2), (8, 1))]
+    return trials
 
 
 def _tune(case, dev, do_bench):
@@ -204,7 +213,7 @@ def _tune(case, dev, do_bench):
             best_t, best = min(timings, key=lambda t: t[0])
             print(f"# tune {case.name} {kernel} register cap: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
     for kernel in ("gate_up", "down"):
-        timings = [(t, trial) for trial in ring_trials(best, kernel)
+        timings = [(t, trial) for trial in ring_trials(best, kernel, case.batch)
                    if (t := _time_trial(case, dev, do_bench, key, trial, f"ring {trial}")) is not None]
         best_t, best = min(timings, key=lambda t: t[0])
         print(f"# tune {case.name} {kernel} ring: {best_t * 1e3:.1f} us {best}", file=sys.stderr)

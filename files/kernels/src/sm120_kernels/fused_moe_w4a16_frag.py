@@ -453,13 +453,26 @@ def ring_bytes(nw: int, depth: int, two: bool, xrows: int, stages: int) -> int:
 
 def ring_launch(cfg: dict, kg: int, two: bool, xrows: int, interpreting: bool = False) -> tuple:
     """The kernel's BULK and RING for a config: its "bulk" stages where the
-    rings apply (on the GPU, K a whole number of stages of every warp), else
-    the register path (0, "")."""
+    rings apply (on the GPU, K a whole number of stages of every warp, the
+    rings within 48 KB: a one-token config's rings hold one activation row,
+    the same config's blocks of 8 tokens eight), else the register path
+    (0, "")."""
     nw, depth = cfg["num_warps"], cfg.get("depth", 1)
     bulk = int(cfg.get("bulk", 0))
-    if not bulk or interpreting or kg % (nw * depth):
+    if not bulk or interpreting or kg % (nw * depth) or ring_bytes(nw, depth, two, xrows, bulk) > 48 * 1024:
         return 0, ""
     return bulk, ring_decl(ring_bytes(nw, depth, two, xrows, bulk))
+
+
+def ring_prefetch(cfg: dict, kg: int, one_token_down: bool, device) -> bool:
+    """Whether a launch prefetches (config "prefetch"): one token's down GEMM
+    through its rings, launched as a programmatic dependent launch (sm_90 and
+    newer) after a gate/up GEMM that lets it start at once. Its programs that
+    find room beside the gate/up GEMM's copy their first stages of weights
+    into the rings, then wait for the gate/up GEMM's output."""
+    if not (cfg.get("prefetch") and one_token_down and ring_launch(cfg, kg, False, 1, _interpreting())[0]):
+        return False
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 _RING_INIT = tl.constexpr("""{
@@ -473,13 +486,14 @@ _RING_INIT = tl.constexpr("""{
 # one stage of a warp's ring: $6 the slot's address, $7 the stage's first K
 # group. flags bit 0: this lane copies row tile 0's words and scales and
 # arrives on the barrier ($2) with the tiles' bytes ($5); bit 1: row tile 1's;
-# bit 2: an activation row ($13, to $12 in the slot). The activation lanes
-# register their bytes before the arriving lane arrives (bar.warp.sync), so
-# the phase cannot complete without them; the proxy fence orders the warp's
-# earlier reads of the slot before the copies overwrite it. $14: K groups per
-# stage, $15: the scales' offset in the slot.
+# bit 2: an activation row ($13, to $12 in the slot); bit 3: only register
+# that row's bytes, bit 4: only copy it (a prefetch: the weights before the
+# activations exist). The activation lanes register their bytes before the
+# arriving lane arrives (bar.warp.sync), so the phase cannot complete without
+# them; the proxy fence orders the warp's earlier reads of the slot before the
+# copies overwrite it. $14: K groups per stage, $15: the scales' offset.
 _RING_ISSUE = tl.constexpr("""{
-        .reg .pred pt0, pt1, px;
+        .reg .pred pt0, pt1, px, pxc;
         .reg .b32 f, wb, sbytes, xbytes, d;
         .reg .b64 o, src;
         mov.b32 $0, 0;
@@ -487,8 +501,10 @@ _RING_ISSUE = tl.constexpr("""{
         setp.ne.b32 pt0, f, 0;
         and.b32 f, $1, 2;
         setp.ne.b32 pt1, f, 0;
-        and.b32 f, $1, 4;
+        and.b32 f, $1, 12;
         setp.ne.b32 px, f, 0;
+        and.b32 f, $1, 20;
+        setp.ne.b32 pxc, f, 0;
         shl.b32 wb, $14, 9;
         shl.b32 sbytes, $14, 6;
         shl.b32 xbytes, $14, 7;
@@ -512,7 +528,7 @@ _RING_ISSUE = tl.constexpr("""{
         mul.wide.u32 o, $7, 128;
         add.s64 src, $13, o;
         add.u32 d, $6, $12;
-        @px cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d], [src], xbytes, [$2];
+        @pxc cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d], [src], xbytes, [$2];
         }""")
 
 _RING_WAIT = tl.constexpr("""{
@@ -812,14 +828,39 @@ def _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, d: tl.constexpr,
 
 
 @triton.jit
+def _ring_prefetch(rb, t, wb0, wb1, sb0, sb1, valid, KG, NW: tl.constexpr, TWO: tl.constexpr,
+                   DEPTH: tl.constexpr, BULK: tl.constexpr, STAGE: tl.constexpr, BARS: tl.constexpr):
+    """One token's first block, before its activations exist (PREFETCH): the
+    first BULK stages' words and scales into the rings (cnt 0), with the
+    activation row's bytes registered on each stage's barrier; _ring_k_loop
+    (prefetched) copies the rows once the previous kernel is done."""
+    NTILE: tl.constexpr = 2 if TWO else 1
+    lane = t % 32
+    warp = t // 32
+    flags = tl.where(lane == 0, 3 if TWO else 1, 0) | tl.where((lane % 4 == 0) & valid, 8, 0)
+    z = t * 0
+    nst = KG // (NW * DEPTH)
+    k_warp = warp * (nst * DEPTH)
+    ring = rb + warp * (BULK * STAGE)
+    bars = rb + BARS + warp * (8 * BULK)
+    for jj in tl.static_range(BULK):
+        if jj < nst:
+            _ring_issue(flags, bars + 8 * jj, z + NTILE * DEPTH * 576, ring + jj * STAGE, k_warp + jj * DEPTH,
+                        wb0 + z, sb0 + z, wb1 + z, sb1 + z, z, wb0 + z, z + DEPTH, z + NTILE * DEPTH * 512)
+
+
+@triton.jit
 def _ring_k_loop(acc0, acc1, rb, cnt, t, wb0, wb1, sb0, sb1, xrow0, xrow1, valid, valid2, slane, KG,
                  FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr, DEPTH: tl.constexpr,
-                 BULK: tl.constexpr, DIRECT: tl.constexpr, STAGE: tl.constexpr, BARS: tl.constexpr):
+                 BULK: tl.constexpr, DIRECT: tl.constexpr, STAGE: tl.constexpr, BARS: tl.constexpr,
+                 prefetched=False):
     """The K loop through the warps' rings: warp w takes K groups w x KG / NW
     onwards, DEPTH per stage, BULK stages in flight. cnt: the stages each ring
     took before this block (each stage's slot and barrier phase follow from
     it). wb*, sb*: the row tiles' words and scale fragments at K group 0;
-    xrow0 / xrow1: the lane's token rows (token slots gi and 8 + gi)."""
+    xrow0 / xrow1: the lane's token rows (token slots gi and 8 + gi).
+    prefetched: _ring_prefetch issued the first stages' weights (cnt 0); the
+    prologue then only copies their activation rows."""
     NTILE: tl.constexpr = 2 if TWO else 1
     lane = t % 32
     warp = t // 32
@@ -845,38 +886,34 @@ def _ring_k_loop(acc0, acc1, rb, cnt, t, wb0, wb1, sb0, sb1, xrow0, xrow1, valid
     k_warp = warp * (nst * DEPTH)  # the warp's first K group
     ring = rb + warp * (BULK * STAGE)
     bars = rb + BARS + warp * (8 * BULK)
+    first = flags
+    if prefetched:
+        first = tl.where((flags & 4) != 0, 16, 0)  # the activation rows' copies only
     for jj in tl.static_range(BULK):  # the first BULK stages
         if jj < nst:
             sl = (cnt + jj) % BULK
-            _ring_issue(flags, bars + 8 * sl, z + NTILE * DEPTH * 576, ring + sl * STAGE, k_warp + jj * DEPTH,
+            _ring_issue(first, bars + 8 * sl, z + NTILE * DEPTH * 576, ring + sl * STAGE, k_warp + jj * DEPTH,
                         wb0 + z, sb0 + z, wb1 + z, sb1 + z, x_off, xrow, z + DEPTH, z + NTILE * DEPTH * 512)
     for j in range(nst):
         i = cnt + j
         slot = i % BULK
         dep = _ring_wait(bars + 8 * slot, z + (i // BULK) % 2)
         sbase = ring + slot * STAGE + dep
-        la = _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, 0, FMT, NT, TWO, DEPTH)
-        lb = la
-        lc = la
-        ld = la
-        if DEPTH >= 2:
-            lb = _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, 1, FMT, NT, TWO, DEPTH)
-        if DEPTH >= 3:
-            lc = _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, 2, FMT, NT, TWO, DEPTH)
-        if DEPTH >= 4:
-            ld = _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, 3, FMT, NT, TWO, DEPTH)
-        # the warp has read the slot: refill it with the stage BULK ahead
-        if j + BULK < nst:
-            _ring_issue(flags, bars + 8 * slot, z + NTILE * DEPTH * 576, ring + slot * STAGE,
-                        k_warp + (j + BULK) * DEPTH, wb0 + z, sb0 + z, wb1 + z, sb1 + z, x_off, xrow, z + DEPTH,
-                        z + NTILE * DEPTH * 512)
-        acc0, acc1 = _group_compute(acc0, acc1, la, True, FMT, NT, NW, TWO, True, False)
-        if DEPTH >= 2:
-            acc0, acc1 = _group_compute(acc0, acc1, lb, True, FMT, NT, NW, TWO, True, False)
-        if DEPTH >= 3:
-            acc0, acc1 = _group_compute(acc0, acc1, lc, True, FMT, NT, NW, TWO, True, False)
-        if DEPTH >= 4:
-            acc0, acc1 = _group_compute(acc0, acc1, ld, True, FMT, NT, NW, TWO, True, False)
+        # group by group, the next group's reads before this one's MMAs (two
+        # groups' registers live, not DEPTH); the slot refilled after its last read
+        cur = _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, 0, FMT, NT, TWO, DEPTH)
+        for d in tl.static_range(DEPTH):
+            nxt = cur
+            if d + 1 < DEPTH:
+                nxt = _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, d + 1, FMT, NT, TWO, DEPTH)
+            else:
+                # the warp has read the slot: refill it with the stage BULK ahead
+                if j + BULK < nst:
+                    _ring_issue(flags, bars + 8 * slot, z + NTILE * DEPTH * 576, ring + slot * STAGE,
+                                k_warp + (j + BULK) * DEPTH, wb0 + z, sb0 + z, wb1 + z, sb1 + z, x_off, xrow,
+                                z + DEPTH, z + NTILE * DEPTH * 512)
+            acc0, acc1 = _group_compute(acc0, acc1, cur, True, FMT, NT, NW, TWO, True, False)
+            cur = nxt
     return acc0, acc1
 
 
@@ -891,6 +928,7 @@ def _moe_frag_kernel(
     NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
     EVEN_K: tl.constexpr, INTERP: tl.constexpr, DIRECT: tl.constexpr = False, KP: tl.constexpr = 1,
     SCALES_AHEAD: tl.constexpr = False, BULK: tl.constexpr = 0, RING: tl.constexpr = "",
+    LAUNCH_DEPENDENTS: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -909,7 +947,12 @@ def _moe_frag_kernel(
 
     BULK > 0: each warp streams its share of K through a shared-memory ring
     of BULK stages (_ring_k_loop; RING declares the buffer; KG a multiple of
-    NW x DEPTH)."""
+    NW x DEPTH).
+
+    Programmatic dependent launch, one token: LAUNCH_DEPENDENTS (the gate/up)
+    lets the next kernel launch at once; PREFETCH (the down GEMM through its
+    rings, launched with launch_pdl) copies its first live slot's first
+    stages of weights before it waits for the gate/up GEMM's output."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
     # the rings' layout (ring_bytes): per warp BULK stages of STAGE bytes, then
@@ -946,11 +989,24 @@ def _moe_frag_kernel(
     tot12 = tl.zeros((32,), tl.float32)
     cnt = tl.program_id(0) * 0  # stages each warp's ring has taken so far (BULK)
     rb = t * 0
+    if LAUNCH_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
     if BULK > 0:
         rb = tl.inline_asm_elementwise(asm=RING, constraints="=r,r", args=[t], dtype=tl.int32, is_pure=True, pack=1)
         for sl in tl.static_range(BULK):
             _ring_init(lane, rb + BARS + 8 * (warp * BULK + sl))
         tl.debug_barrier()
+    first_live = num_experts * 0 + KP  # PREFETCH: the first live slot (KP: none)
+    if PREFETCH:
+        live_vec = (ids_vec >= 0) & (ids_vec < num_experts) & (kidx < top_k)
+        first_live = tl.min(tl.where(live_vec, kidx, KP))
+        if first_live < KP:
+            ef = tl.sum(tl.where(kidx == first_live, ids_vec, 0)).to(tl.int64)
+            _ring_prefetch(rb, t, w_ptr + ef * stride_we + tile0 * stride_wt, w_ptr + ef * stride_we + tile1 * stride_wt,
+                           s_ptr + ef * stride_se + tile0.to(tl.int64) * stride_sn,
+                           s_ptr + ef * stride_se + tile1.to(tl.int64) * stride_sn, gi == 0, KG, NW, TWO, DEPTH,
+                           BULK, STAGE, BARS)
+        tl.extra.cuda.gdc_wait()
     for mb in range(tl.program_id(1), nblk, tl.num_programs(1)):
         if DIRECT:
             e_id = tl.sum(tl.where(kidx == mb, ids_vec, 0))
@@ -995,7 +1051,7 @@ def _moe_frag_kernel(
                     s_ptr + e * stride_se + tile0.to(tl.int64) * stride_sn,
                     s_ptr + e * stride_se + tile1.to(tl.int64) * stride_sn,
                     xb - 8 * tq, xb2 - 8 * tq, valid, valid2, slane, KG, FMT, NT, NW, TWO, DEPTH, BULK, DIRECT,
-                    STAGE, BARS)
+                    STAGE, BARS, PREFETCH and (mb == first_live))
                 cnt += KG // (NW * DEPTH)
             else:
                 acc0, acc1 = _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG, FMT, NT,
@@ -1084,9 +1140,11 @@ def direct_split(top_k: int, tiles: int, sms: int, cfg: dict) -> int:
 
 
 def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
-               rsf=1.0, direct=False):
+               rsf=1.0, direct=False, launch_dependents=False):
     """One GEMM launch. align: moe_align's (sorted ids, expert ids, count);
-    direct: one token, align = (its top-k ids,) * 3 (see the kernel's DIRECT)."""
+    direct: one token, align = (its top-k ids,) * 3 (see the kernel's DIRECT).
+    launch_dependents: let the next launch start now (one token's gate/up
+    before a down GEMM that prefetches, ring_prefetch)."""
     sorted_ids, expert_ids, _ = align
     E, RT, KG = Wf.shape[:3]
     assert cfg.get("kernel") == "frag", f"packed weights need a fragment-kernel config, not {cfg}"
@@ -1102,6 +1160,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     rt = 1 if gated else cfg.get("RT", 1)
     assert (n_out // 16) % rt == 0
     bulk, ring = ring_launch(cfg, KG, gated or rt == 2, 1 if direct else 8 * nt, _interpreting())
+    prefetch = ring_prefetch(cfg, KG, direct and not gated, x.device)
     tiles = n_out // 16 // rt
     if direct and gated:  # the token's slots shared by direct_split() programs per row tile
         from .indexer import _num_sms
@@ -1122,7 +1181,8 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
         NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=depth, EVEN_K=KG % (nw * depth) == 0,
         INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
-        SCALES_AHEAD=scales_ahead, BULK=bulk, RING=ring, num_warps=nw, num_stages=1,
+        SCALES_AHEAD=scales_ahead, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=launch_dependents, PREFETCH=prefetch,
+        num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch else {}),
         **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") else {}),
     )
 
@@ -1158,7 +1218,8 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
         ids = (topk_ids,) * 3
         inter = torch.empty((k * bm, I), dtype=torch.bfloat16, device=x.device)
         _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, ids, k, I, weights.fmt,
-                   cfg["gate_up"], True, False, swiglu_limit, num_valid, direct=True)
+                   cfg["gate_up"], True, False, swiglu_limit, num_valid, direct=True,
+                   launch_dependents=ring_prefetch(cfg["down"], weights.w2.shape[2], True, x.device))
         if out is None:
             out = torch.empty((T, H), dtype=torch.bfloat16, device=x.device)
         _frag_gemm(inter, weights.w2, weights.s2, weights.g2, out, topk_weights, ids, k, H, weights.fmt,
