@@ -40,24 +40,36 @@ def test_asm_dequant_matches_plain(fmt, monkeypatch):
     assert registry.compare(a, b, min_cos=0.99999, max_rel=2e-3).ok
 
 
+def _against_reference(fmt, cfg, E, H, I, ids, seed):
+    """fused_moe_w4a16 with cfg on random weights and activations for the
+    top-k ids, compared with the dequantised reference (rsf 1.5, clamp 10)."""
+    from sm120_kernels import fused_moe_w4a16 as M
+
+    W = M.random_weights(fmt, E, H, I, "cuda", seed=seed)
+    assert W.packed
+    x = torch.randn((ids.shape[0], H), device="cuda").to(torch.bfloat16)
+    tw = torch.rand(ids.shape, device="cuda")
+    out = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, routed_scaling_factor=1.5, swiglu_limit=10.0)
+    ref = M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5, swiglu_limit=10.0)
+    return registry.compare(out, ref)
+
+
+def _random_ids(T, E, k):
+    """T tokens' top-k ids, every fifth token's second slot routed elsewhere."""
+    ids = torch.randint(0, E, (T, k), device="cuda", dtype=torch.int32)
+    ids[::5, 1] = -1
+    return ids
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
 @pytest.mark.parametrize("bucket", ["1", "64", "1048576"])
 def test_fragment_kernel_every_default_config(fmt, bucket):
     """Each shipped default launch shape of the fragment kernel (inline PTX MMA)
     against the reference, with a batch that fills several expert blocks."""
-    from sm120_kernels import configs, fused_moe_w4a16 as M
+    from sm120_kernels import configs
 
     cfg = configs.load_file("default.json")[fmt][bucket]
-    E, H, I, T, k = 4, 1024, 256, 40, 3
-    W = M.random_weights(fmt, E, H, I, "cuda", seed=6)
-    assert W.packed
-    x = torch.randn((T, H), device="cuda").to(torch.bfloat16)
-    ids = torch.randint(0, E, (T, k), device="cuda", dtype=torch.int32)
-    ids[::5, 1] = -1
-    tw = torch.rand((T, k), device="cuda")
-    out = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, routed_scaling_factor=1.5, swiglu_limit=10.0)
-    ref = M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5, swiglu_limit=10.0)
-    res = registry.compare(out, ref)
+    res = _against_reference(fmt, cfg, 4, 1024, 256, _random_ids(40, 4, 3), seed=6)
     assert res.ok, res.detail
 
 
@@ -68,23 +80,15 @@ def test_fragment_kernel_through_rings(fmt, bucket):
     the reference: one token (the two-launch path), and 40 tokens in several
     expert blocks per program (the rings' stages and barrier phases carried
     from block to block), with 8 and 16 tokens per block."""
-    from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F
+    from sm120_kernels import configs, fused_moe_w4a16_frag as F
 
     base = configs.load_file("default.json")[fmt][bucket]
     depth = 1 if base["gate_up"]["NT"] == 2 else 2
     cfg = {part: {**base[part], "num_warps": 4, "depth": depth, "bulk": 2} for part in ("gate_up", "down")}
-    E, H, I, k = 4, 2048, 512, 3
-    T = 1 if bucket == "1" else 40
+    E, H, I = 4, 2048, 512
     for part, kg in (("gate_up", H // 64), ("down", I // 64)):
         assert F.ring_launch(cfg[part], kg, True, 8 * cfg[part]["NT"])[0] == 2  # the rings, not the fallback
-    W = M.random_weights(fmt, E, H, I, "cuda", seed=7)
-    x = torch.randn((T, H), device="cuda").to(torch.bfloat16)
-    ids = torch.randint(0, E, (T, k), device="cuda", dtype=torch.int32)
-    ids[::5, 1] = -1
-    tw = torch.rand((T, k), device="cuda")
-    out = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, routed_scaling_factor=1.5, swiglu_limit=10.0)
-    ref = M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5, swiglu_limit=10.0)
-    res = registry.compare(out, ref)
+    res = _against_reference(fmt, cfg, E, H, I, _random_ids(1 if bucket == "1" else 40, E, 3), seed=7)
     assert res.ok, res.detail
 
 
@@ -97,18 +101,13 @@ def test_one_token_down_prefetch(fmt, down, first_live):
     launch), against the reference: the other live slots stream as usual
     after it (the rings' stages carried on), the first slot routed elsewhere
     or not."""
-    from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F
+    from sm120_kernels import configs, fused_moe_w4a16_frag as F
 
     base = configs.load_file("default.json")[fmt]["1"]
     cfg = {"gate_up": base["gate_up"],
            "down": {"kernel": "frag", "NT": 1, "pipe": False, "depth": 4, "RT": 1, "prefetch": True, **down}}
     E, H, I = 4, 1024, 2048
     assert F.ring_prefetch(cfg["down"], I // 64, True, torch.device("cuda"))
-    W = M.random_weights(fmt, E, H, I, "cuda", seed=8)
-    x = torch.randn((1, H), device="cuda").to(torch.bfloat16)
     ids = torch.tensor([[-1, 2, 0, 3]] if first_live else [[1, -1, 3, 0]], device="cuda", dtype=torch.int32)
-    tw = torch.rand((1, 4), device="cuda")
-    out = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, routed_scaling_factor=1.5, swiglu_limit=10.0)
-    ref = M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5, swiglu_limit=10.0)
-    res = registry.compare(out, ref)
+    res = _against_reference(fmt, cfg, E, H, I, ids, seed=8)
     assert res.ok, res.detail

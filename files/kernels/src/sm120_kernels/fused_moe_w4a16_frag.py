@@ -337,6 +337,23 @@ def _ld_words(p, INTERP: tl.constexpr):
         args=[p], dtype=(tl.int32,) * 4, is_pure=True, pack=1)
 
 
+def _x_asm(space: str) -> str:
+    """A lane's 32 bytes of activations from `space` ("global.nc" or
+    "shared"), predicated on $9 (zeros, and no access, where it is 0)."""
+    return ("""{
+        .reg .pred p;
+        setp.ne.b32 p, $9, 0;
+        mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;
+        mov.b32 $4, 0; mov.b32 $5, 0; mov.b32 $6, 0; mov.b32 $7, 0;
+        @p ld.SPACE.v4.b32 {$0, $1, $2, $3}, [$8];
+        @p ld.SPACE.v4.b32 {$4, $5, $6, $7}, [$8+16];
+        }""".replace("SPACE", space))
+
+
+_ASM_X_GLOBAL = tl.constexpr(_x_asm("global.nc"))
+_ASM_X_SHARED = tl.constexpr(_x_asm("shared"))
+
+
 @triton.jit
 def _ld_x(p, valid, INTERP: tl.constexpr):
     """A lane's B registers for one K group: 32 contiguous bytes of its token's
@@ -347,16 +364,8 @@ def _ld_x(p, valid, INTERP: tl.constexpr):
                 tl.load(p + 4, mask=valid, other=0), tl.load(p + 5, mask=valid, other=0),
                 tl.load(p + 6, mask=valid, other=0), tl.load(p + 7, mask=valid, other=0))
     return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .pred p;
-        setp.ne.b32 p, $9, 0;
-        mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;
-        mov.b32 $4, 0; mov.b32 $5, 0; mov.b32 $6, 0; mov.b32 $7, 0;
-        @p ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$8];
-        @p ld.global.nc.v4.b32 {$4, $5, $6, $7}, [$8+16];
-        }""",
-        constraints="=r,=r,=r,=r,=r,=r,=r,=r,l,r", args=[p, valid.to(tl.int32)], dtype=(tl.int32,) * 8,
-        is_pure=True, pack=1)
+        asm=_ASM_X_GLOBAL, constraints="=r,=r,=r,=r,=r,=r,=r,=r,l,r", args=[p, valid.to(tl.int32)],
+        dtype=(tl.int32,) * 8, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -582,16 +591,8 @@ def _lds_x(a, valid):
     """_ld_x from the ring: the lane's 32 bytes of its token's row (zeros for a
     padding slot, whose row was not copied)."""
     return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .pred p;
-        setp.ne.b32 p, $9, 0;
-        mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;
-        mov.b32 $4, 0; mov.b32 $5, 0; mov.b32 $6, 0; mov.b32 $7, 0;
-        @p ld.shared.v4.b32 {$0, $1, $2, $3}, [$8];
-        @p ld.shared.v4.b32 {$4, $5, $6, $7}, [$8+16];
-        }""",
-        constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r", args=[a, valid.to(tl.int32)], dtype=(tl.int32,) * 8,
-        is_pure=False, pack=1)
+        asm=_ASM_X_SHARED, constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r", args=[a, valid.to(tl.int32)],
+        dtype=(tl.int32,) * 8, is_pure=False, pack=1)
 
 # --------------------------------------------------------------------------
 # Kernel
