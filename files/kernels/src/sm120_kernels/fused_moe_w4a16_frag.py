@@ -425,7 +425,6 @@ def _scale_pairs(lo, hi, ok, FMT: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl
     return a, b
 
 
-
 # --------------------------------------------------------------------------
 # Shared-memory rings (BULK): bulk copies into shared memory, mbarriers
 # --------------------------------------------------------------------------
