@@ -1002,7 +1002,8 @@ def _moe_frag_kernel(
         first_live = tl.min(tl.where(live_vec, kidx, KP))
         if first_live < KP:
             ef = tl.sum(tl.where(kidx == first_live, ids_vec, 0)).to(tl.int64)
-            _ring_prefetch(rb, t, w_ptr + ef * stride_we + tile0 * stride_wt, w_ptr + ef * stride_we + tile1 * stride_wt,
+            _ring_prefetch(rb, t, w_ptr + ef * stride_we + tile0 * stride_wt,
+                           w_ptr + ef * stride_we + tile1 * stride_wt,
                            s_ptr + ef * stride_se + tile0.to(tl.int64) * stride_sn,
                            s_ptr + ef * stride_se + tile1.to(tl.int64) * stride_sn, gi == 0, KG, NW, TWO, DEPTH,
                            BULK, STAGE, BARS)
