@@ -156,6 +156,19 @@ def children(pid: int) -> list[int]:
         return []
 
 
+def container_init(nspawn_pid: int) -> int | None:
+    """The container's PID 1 (systemd) among systemd-nspawn's children. nspawn
+    first forks a short-lived helper; taking that one as the leader left every
+    nsenter failing until the boot timeout."""
+    for pid in children(nspawn_pid):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "systemd":
+                return pid
+        except OSError:
+            continue
+    return None
+
+
 def nsenter(leader: int, *cmd: str, timeout: float | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(["nsenter", f"--target={leader}", "--mount", "--uts", "--ipc", "--net",
                            "--pid", "--wd=/", "--", *cmd], capture_output=True, text=True,
@@ -220,8 +233,7 @@ def up(name: str, release: str, address: str, binds: list[str]) -> dict:
     deadline = time.monotonic() + BOOT_TIMEOUT_S
     leader = None
     while time.monotonic() < deadline and proc.poll() is None and not leader:
-        kids = children(proc.pid)
-        leader = kids[0] if kids else None
+        leader = container_init(proc.pid)
         time.sleep(0.2)
     if not leader:
         tail = (hdir / "console.log").read_text(errors="replace")[-2000:]
