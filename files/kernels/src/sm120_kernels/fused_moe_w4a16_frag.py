@@ -467,9 +467,10 @@ def ring_launch(cfg: dict, kg: int, two: bool, xrows: int, interpreting: bool = 
     (0, "")."""
     nw, depth = cfg["num_warps"], cfg.get("depth", 1)
     bulk = int(cfg.get("bulk", 0))
-    if not bulk or interpreting or kg % (nw * depth) or ring_bytes(nw, depth, two, xrows, bulk) > 48 * 1024:
+    if not bulk or interpreting or kg % (nw * depth):
         return 0, ""
-    return bulk, ring_decl(ring_bytes(nw, depth, two, xrows, bulk))
+    nbytes = ring_bytes(nw, depth, two, xrows, bulk)
+    return (bulk, ring_decl(nbytes)) if nbytes <= 48 * 1024 else (0, "")
 
 
 def ring_prefetch(cfg: dict, kg: int, one_token_down: bool, device) -> bool:
@@ -828,25 +829,35 @@ def _ring_loads(sbase, lane, gi, tq, slane, xr0, valid, valid2, d: tl.constexpr,
 
 
 @triton.jit
+def _ring_first_stages(flags, rb, cnt, t, wb0, wb1, sb0, sb1, x_off, xrow, KG, NW: tl.constexpr, TWO: tl.constexpr,
+                       DEPTH: tl.constexpr, BULK: tl.constexpr, STAGE: tl.constexpr, BARS: tl.constexpr):
+    """Issue the first BULK stages of the warp's ring (slots from cnt on) with
+    these flags (_RING_ISSUE)."""
+    NTILE: tl.constexpr = 2 if TWO else 1
+    warp = t // 32
+    z = t * 0
+    nst = KG // (NW * DEPTH)
+    k_warp = warp * (nst * DEPTH)  # the warp's first K group
+    ring = rb + warp * (BULK * STAGE)
+    bars = rb + BARS + warp * (8 * BULK)
+    for jj in tl.static_range(BULK):
+        if jj < nst:
+            sl = (cnt + jj) % BULK
+            _ring_issue(flags, bars + 8 * sl, z + NTILE * DEPTH * 576, ring + sl * STAGE, k_warp + jj * DEPTH,
+                        wb0 + z, sb0 + z, wb1 + z, sb1 + z, x_off, xrow, z + DEPTH, z + NTILE * DEPTH * 512)
+
+
+@triton.jit
 def _ring_prefetch(rb, t, wb0, wb1, sb0, sb1, valid, KG, NW: tl.constexpr, TWO: tl.constexpr,
                    DEPTH: tl.constexpr, BULK: tl.constexpr, STAGE: tl.constexpr, BARS: tl.constexpr):
     """One token's first block, before its activations exist (PREFETCH): the
     first BULK stages' words and scales into the rings (cnt 0), with the
     activation row's bytes registered on each stage's barrier; _ring_k_loop
     (prefetched) copies the rows once the previous kernel is done."""
-    NTILE: tl.constexpr = 2 if TWO else 1
     lane = t % 32
-    warp = t // 32
     flags = tl.where(lane == 0, 3 if TWO else 1, 0) | tl.where((lane % 4 == 0) & valid, 8, 0)
-    z = t * 0
-    nst = KG // (NW * DEPTH)
-    k_warp = warp * (nst * DEPTH)
-    ring = rb + warp * (BULK * STAGE)
-    bars = rb + BARS + warp * (8 * BULK)
-    for jj in tl.static_range(BULK):
-        if jj < nst:
-            _ring_issue(flags, bars + 8 * jj, z + NTILE * DEPTH * 576, ring + jj * STAGE, k_warp + jj * DEPTH,
-                        wb0 + z, sb0 + z, wb1 + z, sb1 + z, z, wb0 + z, z + DEPTH, z + NTILE * DEPTH * 512)
+    _ring_first_stages(flags, rb, t * 0, t, wb0, wb1, sb0, sb1, t * 0, wb0 + t * 0, KG, NW, TWO, DEPTH, BULK, STAGE,
+                       BARS)
 
 
 @triton.jit
@@ -889,11 +900,7 @@ def _ring_k_loop(acc0, acc1, rb, cnt, t, wb0, wb1, sb0, sb1, xrow0, xrow1, valid
     first = flags
     if prefetched:
         first = tl.where((flags & 4) != 0, 16, 0)  # the activation rows' copies only
-    for jj in tl.static_range(BULK):  # the first BULK stages
-        if jj < nst:
-            sl = (cnt + jj) % BULK
-            _ring_issue(first, bars + 8 * sl, z + NTILE * DEPTH * 576, ring + sl * STAGE, k_warp + jj * DEPTH,
-                        wb0 + z, sb0 + z, wb1 + z, sb1 + z, x_off, xrow, z + DEPTH, z + NTILE * DEPTH * 512)
+    _ring_first_stages(first, rb, cnt, t, wb0, wb1, sb0, sb1, x_off, xrow, KG, NW, TWO, DEPTH, BULK, STAGE, BARS)
     for j in range(nst):
         i = cnt + j
         slot = i % BULK
