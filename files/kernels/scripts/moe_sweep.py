@@ -4,7 +4,12 @@ cases, both bench figures (single call: CUDA-graph replay, L2 cleared; in
 stream: the bench's input sets back to back in one graph; medians), each
 checked against the reference first.
 
-    PYTHONPATH=src python3 scripts/moe_sweep.py [--both | --only-both] [--key KEY] [--part GEMM] [--var JSON] [batch ...]
+    PYTHONPATH=src python3 scripts/moe_sweep.py [--both | --only-both] [--key KEY] [--part GEMM] [--var JSON]
+        [--top JSON] [batch ...]
+
+--top merges whole-config keys ("direct", or a GEMM's keys under its name)
+into the shipped config, one variant each; with --top and no --var only those
+variants run.
 """
 import argparse
 import json
@@ -38,6 +43,11 @@ def with_variant(cfg: dict, var: dict) -> dict:
     return out
 
 
+def with_top(cfg: dict, top: dict) -> dict:
+    """cfg with top's keys; a GEMM's keys (a dict under its name) merged into it."""
+    return {**cfg, **{k: {**cfg[k], **v} if isinstance(v, dict) else v for k, v in top.items()}}
+
+
 def label(var: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in var.items())
 
@@ -52,9 +62,11 @@ def main():
     ap.add_argument("--part", choices=("gate_up", "down"), help="the variants on this GEMM only")
     ap.add_argument("--var", action="append", type=json.loads, metavar="JSON",
                     help='a variant to try instead of VARIANTS, e.g. \'{"maxnreg": 96}\' (repeatable)')
+    ap.add_argument("--top", action="append", type=json.loads, metavar="JSON", default=[],
+                    help='whole-config keys, e.g. \'{"direct": true, "gate_up": {"direct_split": 2}}\' (repeatable)')
     args = ap.parse_args()
     dev = torch.device("cuda")
-    variants_tried = [v for v in (args.var or VARIANTS) if args.key is None or args.key in v]
+    variants_tried = [v for v in (args.var or ([] if args.top else VARIANTS)) if args.key is None or args.key in v]
     for model in MODELS:
         W = M._model_weights(model, dev)
         for b in args.batches:
@@ -71,6 +83,7 @@ def main():
                 variants += [(f"both {label(var)}", {**shipped, **{part: with_variant(shipped[part], var)
                                                                      for part in ("gate_up", "down")}})
                              for var in variants_tried]
+            variants += [(f"top {json.dumps(top, separators=(',', ':'))}", with_top(shipped, top)) for top in args.top]
             for name, cfg in [("shipped", shipped)] + variants:
                 if cfg == shipped and name != "shipped":
                     continue

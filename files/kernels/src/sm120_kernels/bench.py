@@ -176,6 +176,16 @@ def ring_trials(cfg: dict, kernel: str, batch: int) -> list:
     return trials
 
 
+def _fastest(case, dev, do_bench, key, trials, what):
+    """The fastest of `trials` (the first is the incumbent, so one always
+    runs), printed with its time."""
+    timings = [(t, trial) for trial in trials
+               if (t := _time_trial(case, dev, do_bench, key, trial, f"{what} {trial}")) is not None]
+    best_t, best = min(timings, key=lambda t: t[0])
+    print(f"# tune {case.name} {what}: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
+    return best
+
+
 def _tune(case, dev, do_bench):
     """Per kernel family: fastest gate_up (with the family's first down), then
     fastest down; the faster family wins. Batch 1 then tries the one-token
@@ -203,20 +213,11 @@ def _tune(case, dev, do_bench):
             winners.append((best_t, best))
     best = min(winners, key=lambda t: t[0])[1]
     if case.batch == 1 and best["gate_up"].get("NT", 1) == 1:
-        timings = [(t, trial) for trial in one_token_trials(best, model.top_k)
-                   if (t := _time_trial(case, dev, do_bench, key, trial, f"one-token {trial}")) is not None]
-        best_t, best = min(timings, key=lambda t: t[0])
-        print(f"# tune {case.name} one-token grid: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
+        best = _fastest(case, dev, do_bench, key, one_token_trials(best, model.top_k), "one-token grid")
         for kernel in ("gate_up", "down") if best.get("direct", True) else ():
-            timings = [(t, trial) for trial in register_cap_trials(best, kernel)
-                       if (t := _time_trial(case, dev, do_bench, key, trial, f"register cap {trial}")) is not None]
-            best_t, best = min(timings, key=lambda t: t[0])
-            print(f"# tune {case.name} {kernel} register cap: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
+            best = _fastest(case, dev, do_bench, key, register_cap_trials(best, kernel), f"{kernel} register cap")
     for kernel in ("gate_up", "down"):
-        timings = [(t, trial) for trial in ring_trials(best, kernel, case.batch)
-                   if (t := _time_trial(case, dev, do_bench, key, trial, f"ring {trial}")) is not None]
-        best_t, best = min(timings, key=lambda t: t[0])
-        print(f"# tune {case.name} {kernel} ring: {best_t * 1e3:.1f} us {best}", file=sys.stderr)
+        best = _fastest(case, dev, do_bench, key, ring_trials(best, kernel, case.batch), f"{kernel} ring")
     M._BENCH_CONFIG_OVERRIDE[key] = best
     return best
 

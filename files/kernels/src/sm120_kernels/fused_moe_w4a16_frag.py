@@ -54,6 +54,7 @@ import triton
 import triton.language as tl
 
 from . import routing
+from .configs import register_cap
 from .fused_moe_w4a16 import FORMATS, W4A16Weights, _e4m3_to_f32, _fp4_val, _interpreting, _to_bf16, combine
 
 # --------------------------------------------------------------------------
@@ -492,15 +493,15 @@ _RING_INIT = tl.constexpr("""{
         mov.b32 $0, 0;
         }""")
 
-# one stage of a warp's ring: $6 the slot's address, $7 the stage's first K
+# one stage of a warp's ring: $4 the slot's address, $5 the stage's first K
 # group. flags bit 0: this lane copies row tile 0's words and scales and
-# arrives on the barrier ($2) with the tiles' bytes ($5); bit 1: row tile 1's;
-# bit 2: an activation row ($13, to $12 in the slot); bit 3: only register
+# arrives on the barrier ($2) with the tiles' bytes ($3); bit 1: row tile 1's;
+# bit 2: an activation row ($11, to $10 in the slot); bit 3: only register
 # that row's bytes, bit 4: only copy it (a prefetch: the weights before the
 # activations exist). The activation lanes register their bytes before the
 # arriving lane arrives (bar.warp.sync), so the phase cannot complete without
 # them; the proxy fence orders the warp's earlier reads of the slot before the
-# copies overwrite it. $14: K groups per stage, $15: the scales' offset.
+# copies overwrite it. $12: K groups per stage, $13: the scales' offset.
 _RING_ISSUE = tl.constexpr("""{
         .reg .pred pt0, pt1, px, pxc;
         .reg .b32 f, wb, sbytes, xbytes, d;
@@ -514,29 +515,29 @@ _RING_ISSUE = tl.constexpr("""{
         setp.ne.b32 px, f, 0;
         and.b32 f, $1, 20;
         setp.ne.b32 pxc, f, 0;
-        shl.b32 wb, $14, 9;
-        shl.b32 sbytes, $14, 6;
-        shl.b32 xbytes, $14, 7;
+        shl.b32 wb, $12, 9;
+        shl.b32 sbytes, $12, 6;
+        shl.b32 xbytes, $12, 7;
         @px mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [$2], xbytes;
         bar.warp.sync -1;
         fence.proxy.async.shared::cta;
-        @pt0 mbarrier.arrive.expect_tx.shared::cta.b64 _, [$2], $5;
-        mul.wide.u32 o, $7, 512;
+        @pt0 mbarrier.arrive.expect_tx.shared::cta.b64 _, [$2], $3;
+        mul.wide.u32 o, $5, 512;
+        add.s64 src, $6, o;
+        @pt0 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$4], [src], wb, [$2];
         add.s64 src, $8, o;
-        @pt0 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$6], [src], wb, [$2];
-        add.s64 src, $10, o;
-        add.u32 d, $6, wb;
+        add.u32 d, $4, wb;
         @pt1 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d], [src], wb, [$2];
-        mul.wide.u32 o, $7, 64;
-        add.s64 src, $9, o;
-        add.u32 d, $6, $15;
+        mul.wide.u32 o, $5, 64;
+        add.s64 src, $7, o;
+        add.u32 d, $4, $13;
         @pt0 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d], [src], sbytes, [$2];
-        add.s64 src, $11, o;
+        add.s64 src, $9, o;
         add.u32 d, d, sbytes;
         @pt1 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d], [src], sbytes, [$2];
-        mul.wide.u32 o, $7, 128;
-        add.s64 src, $13, o;
-        add.u32 d, $6, $12;
+        mul.wide.u32 o, $5, 128;
+        add.s64 src, $11, o;
+        add.u32 d, $4, $10;
         @pxc cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [d], [src], xbytes, [$2];
         }""")
 
@@ -558,8 +559,8 @@ def _ring_init(lane, bar):
 @triton.jit
 def _ring_issue(flags, bar, tile_bytes, slot_addr, k0, wb0, sb0, wb1, sb1, x_off, xrow, groups, soff):
     return tl.inline_asm_elementwise(
-        asm=_RING_ISSUE, constraints="=r,r,r,r,r,r,r,r,l,l,l,l,r,l,r,r",
-        args=[flags, bar, bar, bar, tile_bytes, slot_addr, k0, wb0, sb0, wb1, sb1, x_off, xrow, groups, soff],
+        asm=_RING_ISSUE, constraints="=r,r,r,r,r,r,l,l,l,l,r,l,r,r",
+        args=[flags, bar, tile_bytes, slot_addr, k0, wb0, sb0, wb1, sb1, x_off, xrow, groups, soff],
         dtype=tl.int32, is_pure=False, pack=1)
 
 
@@ -1191,7 +1192,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
         SCALES_AHEAD=scales_ahead, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=launch_dependents, PREFETCH=prefetch,
         num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch else {}),
-        **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") else {}),
+        **register_cap(cfg),
     )
 
 

@@ -40,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .configs import register_cap
+
 PAGE_SIZE = 64
 HEAD_DIM = 128
 NUM_HEADS = 64
@@ -363,7 +365,7 @@ def paged_mqa_logits(
         L2_AHEAD=0 if os.environ.get("TRITON_INTERPRET") == "1" else int(cfg.get("l2_ahead", 0)),
         num_warps=int(cfg["num_warps"]),
         num_stages=int(cfg["num_stages"]),
-        **({"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") else {}),
+        **register_cap(cfg),
     )
     return out
 

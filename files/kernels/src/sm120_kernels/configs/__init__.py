@@ -122,3 +122,10 @@ def get_config(fmt: str, num_tokens: int, hidden: int = 0, inter: int = 0, exper
                top_k: int = 0, device_name: str | None = None) -> dict:
     name = file_for_device(device_name or _current_device_name())
     return pick(load_file(name), fmt, num_tokens)
+
+
+def register_cap(cfg: dict) -> dict:
+    """The launch's register cap as Triton launch options: {"maxnreg": n}
+    where the config sets maxnreg (ptxas then budgets at most n registers per
+    thread), else none."""
+    return {"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") else {}
