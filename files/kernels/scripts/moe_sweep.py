@@ -5,7 +5,7 @@ stream: the bench's input sets back to back in one graph; medians), each
 checked against the reference first.
 
     PYTHONPATH=src python3 scripts/moe_sweep.py [--both | --only-both] [--key KEY] [--part GEMM] [--var JSON]
-        [--top JSON] [batch ...]
+        [--top JSON] [--model NAME] [batch ...]
 
 --top merges whole-config keys ("direct", or a GEMM's keys under its name)
 into the shipped config, one variant each; with --top and no --var only those
@@ -62,12 +62,15 @@ def main():
     ap.add_argument("--part", choices=("gate_up", "down"), help="the variants on this GEMM only")
     ap.add_argument("--var", action="append", type=json.loads, metavar="JSON",
                     help='a variant to try instead of VARIANTS, e.g. \'{"maxnreg": 96}\' (repeatable)')
+    ap.add_argument("--model", help="only the models whose name contains this")
     ap.add_argument("--top", action="append", type=json.loads, metavar="JSON", default=[],
                     help='whole-config keys, e.g. \'{"direct": true, "gate_up": {"direct_split": 2}}\' (repeatable)')
     args = ap.parse_args()
     dev = torch.device("cuda")
     variants_tried = [v for v in (args.var or ([] if args.top else VARIANTS)) if args.key is None or args.key in v]
     for model in MODELS:
+        if args.model and args.model not in model.name:
+            continue
         W = M._model_weights(model, dev)
         for b in args.batches:
             shipped = get_config(model.fmt, b)
