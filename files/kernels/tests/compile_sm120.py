@@ -64,6 +64,8 @@ def _gemm_variants():
         for model in MODELS:
             fmt = model.fmt
             for bucket, cfgs in data[fmt].items():
+                dep = cfgs.get("dependent_launches", False)
+                dep = set(configs.DEPENDENT_LAUNCHES if dep is True else dep or ())
                 for kernel, gated in (("gate_up", True), ("down", False)):
                     c = cfgs[kernel]
                     sig = dict(FRAG_SIG, s_ptr="*i16",  # scale fragments (frag_pack_scales)
@@ -74,7 +76,8 @@ def _gemm_variants():
                                  RT=1 if gated else c.get("RT", 1), PIPE=c["pipe"], DEPTH=c.get("depth", 1),
                                  EVEN_K=k_words % (c["num_warps"] * c.get("depth", 1)) == 0, INTERP=False,
                                  DIRECT=False, KP=1, SCALES_AHEAD=bool(c.get("scales_ahead")),
-                                 LAUNCH_DEPENDENTS=False, PREFETCH=False,
+                                 LAUNCH_DEPENDENTS=("down" if gated else "combine") in dep, PREFETCH=False,
+                                 WAIT_PRIOR=kernel in dep, L2_STEPS=0,
                                  **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") else {}))
                     two = gated or c.get("RT", 1) == 2
                     bulk, ring = F.ring_launch(c, k_words, two, 8 * c["NT"])
@@ -82,14 +85,18 @@ def _gemm_variants():
                            dict(const, BULK=bulk, RING=ring), c["num_warps"], 1)
                     if bucket == "1" and c["NT"] == 1:  # one token: the two-launch path (bf16 output)
                         bulk, ring = F.ring_launch(c, k_words, two, 1)  # one activation row
-                        # a prefetching down GEMM (ring_prefetch on sm_90 and newer), and
-                        # the gate/up that lets it launch early
-                        prefetch = bool(cfgs["down"].get("prefetch")) and F.ring_launch(
-                            cfgs["down"], model.inter // 64, False, 1)[0] > 0
+                        # a dependent down GEMM (dependent_down on sm_90 and newer: through
+                        # its rings, prefetching, or the register path, pdl), and the
+                        # gate/up that lets it launch early
+                        down_ring = F.ring_launch(cfgs["down"], model.inter // 64, False, 1)[0] > 0
+                        prefetch = bool(cfgs["down"].get("prefetch")) and down_ring
+                        pdl = cfgs["down"].get("pdl") is not None and not down_ring
                         yield (f"{fname}:{fmt}:{bucket}:{kernel}:direct", F._moe_frag_kernel,
                                dict(sig, out_ptr=ptr["bf16"]),
                                dict(const, DIRECT=True, KP=8, BULK=bulk, RING=ring,
-                                    LAUNCH_DEPENDENTS=prefetch and gated, PREFETCH=prefetch and not gated),
+                                    LAUNCH_DEPENDENTS=(prefetch or pdl) and gated, PREFETCH=prefetch and not gated,
+                                    WAIT_PRIOR=pdl and not gated,
+                                    L2_STEPS=int(cfgs["down"]["pdl"]) if pdl and not gated else 0),
                                c["num_warps"], 1)
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:
@@ -117,13 +124,18 @@ def _gemm_variants():
 def other_variants():
     sig = {"buf_ptr": "*fp32", "ids_ptr": "*i32", "out_ptr": "*bf16", "top_k": "i32", "H": "i32",
            "num_local": "i32", "rsf": "fp32", "stride_bm": "i64", "stride_om": "i64",
-           "BLOCK_H": "constexpr", "KP": "constexpr", "INTERP": "constexpr"}
-    yield "combine", M._combine_kernel, sig, {"BLOCK_H": M.COMBINE_BLOCK_H, "KP": 8, "INTERP": False}, 4, 1
-    for n, warps in ((64, 4), (2048, 4), (8192, 8)):
+           "BLOCK_H": "constexpr", "KP": "constexpr", "INTERP": "constexpr", "WAIT_PRIOR": "constexpr"}
+    for dependent in (False, True):  # dependent: a programmatic dependent launch (dependent_launches)
+        yield (f"combine{'[dependent]' if dependent else ''}", M._combine_kernel, sig,
+               {"BLOCK_H": M.COMBINE_BLOCK_H, "KP": 8, "INTERP": False, "WAIT_PRIOR": dependent}, 4, 1)
+    for n, warps, dependents in ((64, 4, False), (64, 4, True), (2048, 4, False), (8192, 8, False)):
         sig = {"ids_ptr": "*i32", "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "num_post_ptr": "*i32",
                "n": "i32", "E": "i32", "CAP": "i32", "BLOCK": "constexpr",
-               "E_BINS": "constexpr", "BLOCK_M": "constexpr", "INIT_BLOCK": "constexpr"}
-        yield f"align[{n}]", R._align_kernel, sig, {"BLOCK": n, "E_BINS": 512, "BLOCK_M": 16, "INIT_BLOCK": 1024}, warps, 1
+               "E_BINS": "constexpr", "BLOCK_M": "constexpr", "INIT_BLOCK": "constexpr",
+               "LAUNCH_DEPENDENTS": "constexpr"}
+        yield (f"align[{n}]{'[dependents]' if dependents else ''}", R._align_kernel, sig,
+               {"BLOCK": n, "E_BINS": 512, "BLOCK_M": 16, "INIT_BLOCK": 1024, "LAUNCH_DEPENDENTS": dependents},
+               warps, 1)
     for model in MODELS:
         sig = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i32",
                "E": "i32", "stride_l": "i64", "rsf": "fp32"}

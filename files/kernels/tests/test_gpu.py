@@ -111,3 +111,39 @@ def test_one_token_down_prefetch(fmt, down, first_live):
     ids = torch.tensor([[-1, 2, 0, 3]] if first_live else [[1, -1, 3, 0]], device="cuda", dtype=torch.int32)
     res = _against_reference(fmt, cfg, E, H, I, ids, seed=8)
     assert res.ok, res.detail
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
+@pytest.mark.parametrize("dependent", [True, ["gate_up", "down"], ["combine"]], ids=["all", "gemms", "combine"])
+@pytest.mark.parametrize("T", [8, 40])
+def test_dependent_launches(fmt, dependent, T):
+    """Several tokens with programmatic dependent launches (dependent_launches):
+    each dependent launch starts while the one before it runs and waits for its
+    outputs; against the reference, with batches of one and several waves."""
+    from sm120_kernels import configs, fused_moe_w4a16_frag as F
+
+    cfg = {**configs.load_file("default.json")[fmt]["64"], "dependent_launches": dependent}
+    assert F.dependent_launches(cfg, torch.device("cuda"))
+    E, H, I = 8, 1024, 2048
+    res = _against_reference(fmt, cfg, E, H, I, _random_ids(T, E, 4), seed=9)
+    assert res.ok, res.detail
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
+@pytest.mark.parametrize("l2_steps", [0, 1, 4])
+@pytest.mark.parametrize("first_live", [0, 1])
+def test_one_token_down_pdl(fmt, l2_steps, first_live):
+    """One token, the down GEMM's register path launched dependent on the
+    gate/up GEMM (pdl), asking L2 for its first live slot's first K steps
+    (none, one, more than the slot has) before it waits; the first slot
+    routed elsewhere or not."""
+    from sm120_kernels import configs, fused_moe_w4a16_frag as F
+
+    base = configs.load_file("default.json")[fmt]["1"]
+    cfg = {"gate_up": base["gate_up"],
+           "down": {"kernel": "frag", "NT": 1, "num_warps": 4, "pipe": True, "depth": 2, "RT": 1, "pdl": l2_steps}}
+    E, H, I = 4, 1024, 2048
+    assert F.dependent_down(cfg["down"], I // 64, torch.device("cuda"))
+    ids = torch.tensor([[-1, 2, 0, 3]] if first_live else [[1, -1, 3, 0]], device="cuda", dtype=torch.int32)
+    res = _against_reference(fmt, cfg, E, H, I, ids, seed=10)
+    assert res.ok, res.detail

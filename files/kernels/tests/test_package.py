@@ -5,6 +5,7 @@ import re
 import zipfile
 
 import pytest
+import torch
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("runs in the compiler tier (no kernel runs here)", allow_module_level=True)
@@ -51,6 +52,29 @@ def test_configs_ship_rtx_pro_6000_h200_and_default():
                 assert cfg["gate_up"]["NT"] == cfg["down"]["NT"]
 
 
+@pytest.mark.parametrize("value", ["yes", ["gate_up", "align"], 1])
+def test_config_rejects_unknown_dependent_launches(value):
+    """dependent_launches is true, false or a list of the launches that can
+    wait on the one before; anything else is refused when the file loads,
+    naming the file, the format and the value."""
+    data = configs.load_file("default.json")
+    configs.validate("default.json", {**data, "int4": {**data["int4"], "64": {**data["int4"]["64"],
+                                                                          "dependent_launches": ["gate_up"]}}})
+    data["int4"]["64"]["dependent_launches"] = value
+    with pytest.raises(ValueError, match=r"bad.json: int4: dependent_launches .*" + re.escape(repr(value))):
+        configs.validate("bad.json", data)
+
+
+def test_dependent_launches_stay_off_without_a_gpu():
+    """The interpreter and CPU tensors never launch dependent kernels, whatever
+    the config says."""
+    from sm120_kernels import fused_moe_w4a16_frag as F
+
+    cfg = {"dependent_launches": True, "gate_up": {}, "down": {"NT": 1, "num_warps": 4, "pipe": True, "pdl": 0}}
+    assert F.dependent_launches(cfg, torch.device("cpu")) == frozenset()
+    assert not F.dependent_down(cfg["down"], 32, torch.device("cpu"))
+
+
 def test_ep8_share_matches_expectation():
     # DeepSeek-V4-Flash EP8 at batch 32: 17 active experts (the issue's number)
     assert DEEPSEEK_V4_FLASH.expected_active(32) == 17
@@ -83,8 +107,9 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
     fastest one-token grid (direct_split 1, 2, 3, top_k, the rule) or the
     four-launch path, then the fastest register cap on it (other batches get
     no one-token or register-cap keys), then per GEMM the shared-memory rings
-    (at batch 1 for the down GEMM also prefetching ones). Timings are faked
-    from the config under trial (no GPU)."""
+    (at batch 1 for the down GEMM also prefetching ones), last the dependent
+    launches (at batch 1 none: the prefetching down GEMM already is one).
+    Timings are faked from the config under trial (no GPU)."""
     from types import SimpleNamespace
 
     from sm120_kernels import bench
@@ -103,6 +128,8 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
         t -= 5 * bool(down.get("maxnreg") and not down.get("bulk")) - 0.25 * bool(down.get("scales_ahead"))
         t -= 1 * bool(gu.get("bulk")) - 1 * bool(down.get("bulk"))  # the rings: faster on the gate/up only,
         t -= 7 * bool(down.get("prefetch")) + 0.1 * down["num_warps"] / 8  # and prefetching ones on the down
+        dep = cfg.get("dependent_launches")
+        t -= 0.5 * (dep is True) + 0.7 * isinstance(dep, list) + 0.3 * (down.get("pdl") is not None)
         return t + (50 if cfg.get("direct") is False else 0)
 
     def make(dev):
@@ -125,8 +152,11 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
     if batch == 1:
         assert {k: best["down"].get(k) for k in ("bulk", "depth", "num_warps", "prefetch", "maxnreg")} == dict(
             bulk=1, depth=4, num_warps=8, prefetch=True, maxnreg=104)
+        assert not any(c.get("dependent_launches") or "pdl" in c["down"] for c in tried)
     else:
         assert "bulk" not in best["down"] and not any(c["down"].get("prefetch") for c in tried)
+        assert any(c.get("dependent_launches") is True for c in tried)
+        assert best["dependent_launches"] == ["gate_up", "down"]
     if batch == 1:
         assert best["gate_up"]["direct_split"] == 2 and best.get("direct", True)
         # before them, the register cap on that grid, per GEMM: the gate/up with
@@ -142,3 +172,19 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
         assert all("direct_split" not in c["gate_up"] and "direct" not in c for c in tried)
         assert all("maxnreg" not in c["gate_up"] and "maxnreg" not in c["down"] for c in tried)
     assert M._BENCH_CONFIG_OVERRIDE[key] == best
+
+
+def test_dependent_trials():
+    """The tuner's last stage: one token's down GEMM on the register path tries
+    pdl (0 and 1 K steps asked of L2), a prefetching ring down GEMM nothing
+    more; several tokens and the four-launch path try the dependent launches,
+    all or the GEMMs only."""
+    from sm120_kernels import bench
+
+    reg = {"gate_up": {"num_warps": 8}, "down": {"num_warps": 4, "pipe": True}}
+    ring = {**reg, "down": {"num_warps": 8, "bulk": 1, "prefetch": True}}
+    assert [t["down"].get("pdl") for t in bench.dependent_trials(reg, 1)] == [None, 0, 1]
+    assert bench.dependent_trials(ring, 1) == [ring]
+    for cfg, batch in ((reg, 8), ({**reg, "direct": False}, 1)):
+        assert [t.get("dependent_launches") for t in bench.dependent_trials(cfg, batch)] == [
+            None, True, ["gate_up", "down"]]

@@ -176,6 +176,21 @@ def ring_trials(cfg: dict, kernel: str, batch: int) -> list:
     return trials
 
 
+def dependent_trials(cfg: dict, batch: int) -> list:
+    """Last: programmatic dependent launches (sm_90 and newer). Several tokens
+    (or the four-launch path): the GEMMs and the combine each starting while
+    the launch before them runs, all of them or the GEMMs only. One token,
+    where the down GEMM does not already prefetch through its rings: its
+    register path launched dependent on the gate/up GEMM, asking L2 for none
+    or one of its first K steps first (pdl). On the H200 both paid
+    (README, "Tenth round")."""
+    if batch == 1 and cfg.get("direct", True):
+        if cfg["down"].get("bulk"):
+            return [cfg]
+        return [cfg] + [{**cfg, "down": {**cfg["down"], "pdl": steps}} for steps in (0, 1)]
+    return [cfg] + [{**cfg, "dependent_launches": dep} for dep in (True, ["gate_up", "down"])]
+
+
 def _fastest(case, dev, do_bench, key, trials, what):
     """The fastest of `trials` (the first is the incumbent, so one always
     runs), printed with its time."""
@@ -190,7 +205,8 @@ def _tune(case, dev, do_bench):
     """Per kernel family: fastest gate_up (with the family's first down), then
     fastest down; the faster family wins. Batch 1 then tries the one-token
     grids (one_token_trials), then the register cap (register_cap_trials);
-    every batch last the shared-memory rings (ring_trials)."""
+    every batch then the shared-memory rings (ring_trials), and last the
+    dependent launches (dependent_trials)."""
     from . import fused_moe_w4a16 as M
     from .models import MODELS
 
@@ -218,6 +234,7 @@ def _tune(case, dev, do_bench):
             best = _fastest(case, dev, do_bench, key, register_cap_trials(best, kernel), f"{kernel} register cap")
     for kernel in ("gate_up", "down"):
         best = _fastest(case, dev, do_bench, key, ring_trials(best, kernel, case.batch), f"{kernel} ring")
+    best = _fastest(case, dev, do_bench, key, dependent_trials(best, case.batch), "dependent launches")
     M._BENCH_CONFIG_OVERRIDE[key] = best
     return best
 

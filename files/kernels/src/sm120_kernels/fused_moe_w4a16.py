@@ -342,7 +342,10 @@ def _moe_gemm_kernel(
 
 @triton.jit
 def _combine_kernel(buf_ptr, ids_ptr, out_ptr, top_k, H, num_local, rsf,
-                    stride_bm, stride_om, BLOCK_H: tl.constexpr, KP: tl.constexpr, INTERP: tl.constexpr):
+                    stride_bm, stride_om, BLOCK_H: tl.constexpr, KP: tl.constexpr, INTERP: tl.constexpr,
+                    WAIT_PRIOR: tl.constexpr = False):
+    if WAIT_PRIOR:  # a programmatic dependent launch: buf is the previous kernel's output
+        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs < H
@@ -563,9 +566,10 @@ COMBINE_BLOCK_H = 512
 
 
 def combine(buf: torch.Tensor, topk_ids: torch.Tensor, num_local: int, routed_scaling_factor: float,
-            out: Optional[torch.Tensor] = None) -> torch.Tensor:
+            out: Optional[torch.Tensor] = None, wait_prior: bool = False) -> torch.Tensor:
     """The last launch of both GEMM paths: out[t] = rsf * sum over token t's
-    local top-k slots of the fp32 rows buf[t * k + j], as bf16."""
+    local top-k slots of the fp32 rows buf[t * k + j], as bf16. wait_prior: a
+    programmatic dependent launch after a kernel that lets it start early."""
     T, k = topk_ids.shape
     H = buf.shape[1]
     if out is None:
@@ -573,7 +577,7 @@ def combine(buf: torch.Tensor, topk_ids: torch.Tensor, num_local: int, routed_sc
     _combine_kernel[(T, triton.cdiv(H, COMBINE_BLOCK_H))](
         buf, topk_ids, out, k, H, num_local, float(routed_scaling_factor),
         buf.stride(0), out.stride(0), BLOCK_H=COMBINE_BLOCK_H, KP=triton.next_power_of_2(k), INTERP=_interpreting(),
-        num_warps=4)
+        WAIT_PRIOR=wait_prior, num_warps=4, **({"launch_pdl": True} if wait_prior else {}))
     return out
 
 

@@ -485,6 +485,34 @@ def ring_prefetch(cfg: dict, kg: int, one_token_down: bool, device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def dependent_launches(cfg: dict, device) -> frozenset:
+    """Which of a config's launches from several tokens on are programmatic
+    dependent launches (sm_90 and newer; whole-config key "dependent_launches":
+    true for all of configs.DEPENDENT_LAUNCHES, or a list of them): the
+    launch before each lets it start at once, and it waits for that launch's
+    outputs."""
+    from .configs import DEPENDENT_LAUNCHES
+
+    want = cfg.get("dependent_launches")
+    if not want or _interpreting() or device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return frozenset()
+    want = frozenset(DEPENDENT_LAUNCHES if want is True else want)
+    assert want <= set(DEPENDENT_LAUNCHES), f"dependent_launches: some of {DEPENDENT_LAUNCHES}, not {sorted(want)}"
+    return want
+
+
+def dependent_down(cfg: dict, kg: int, device) -> bool:
+    """Whether one token's down GEMM is a programmatic dependent launch: it
+    prefetches through its rings (ring_prefetch), or config "pdl" (the
+    register path: an int, the K steps of its first live slot each warp asks
+    L2 for, 0 for none, before it waits for the gate/up GEMM's output)."""
+    if ring_prefetch(cfg, kg, True, device):
+        return True
+    if cfg.get("pdl") is None or _interpreting() or ring_launch(cfg, kg, False, 1)[0]:
+        return False
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 _RING_INIT = tl.constexpr("""{
         .reg .pred p;
         setp.eq.u32 p, $1, 0;
@@ -597,6 +625,13 @@ def _lds_x(a, valid):
 
 # --------------------------------------------------------------------------
 # Kernel
+@triton.jit
+def _l2_ask(p):
+    """Ask L2 for the line at p; no register waits for it."""
+    tl.inline_asm_elementwise(asm="prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", constraints="=r,l", args=[p],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
 # --------------------------------------------------------------------------
 
 
@@ -936,7 +971,8 @@ def _moe_frag_kernel(
     NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
     EVEN_K: tl.constexpr, INTERP: tl.constexpr, DIRECT: tl.constexpr = False, KP: tl.constexpr = 1,
     SCALES_AHEAD: tl.constexpr = False, BULK: tl.constexpr = 0, RING: tl.constexpr = "",
-    LAUNCH_DEPENDENTS: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    LAUNCH_DEPENDENTS: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False,
+    L2_STEPS: tl.constexpr = 0,
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -960,7 +996,10 @@ def _moe_frag_kernel(
     Programmatic dependent launch, one token: LAUNCH_DEPENDENTS (the gate/up)
     lets the next kernel launch at once; PREFETCH (the down GEMM through its
     rings, launched with launch_pdl) copies its first live slot's first
-    stages of weights before it waits for the gate/up GEMM's output."""
+    stages of weights before it waits for the gate/up GEMM's output;
+    WAIT_PRIOR (the down GEMM's register path, launched with launch_pdl)
+    waits for it after asking L2 for its first live slot's first L2_STEPS K
+    steps."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
     # the rings' layout (ring_bytes): per warp BULK stages of STAGE bytes, then
@@ -986,6 +1025,8 @@ def _moe_frag_kernel(
         ids_vec = tl.load(expert_ids_ptr + kidx, mask=kidx < top_k, other=-1)
         tw_vec = tl.load(tw_ptr + kidx, mask=kidx < top_k, other=0.0)
     else:
+        if WAIT_PRIOR:  # the alignment's (or the gate/up GEMM's) outputs
+            tl.extra.cuda.gdc_wait()
         nblk = tl.load(num_post_ptr) // BM
     x32 = x_ptr.to(tl.pointer_type(tl.int32))
     l32 = tl.arange(0, 32)
@@ -1015,6 +1056,20 @@ def _moe_frag_kernel(
                            s_ptr + ef * stride_se + tile0.to(tl.int64) * stride_sn,
                            s_ptr + ef * stride_se + tile1.to(tl.int64) * stride_sn, gi == 0, KG, NW, TWO, DEPTH,
                            BULK, STAGE, BARS)
+        tl.extra.cuda.gdc_wait()
+    if DIRECT and WAIT_PRIOR:
+        if L2_STEPS > 0:
+            live_vec = (ids_vec >= 0) & (ids_vec < num_experts) & (kidx < top_k)
+            first_live = tl.min(tl.where(live_vec, kidx, KP))
+            if first_live < KP:
+                ef = tl.sum(tl.where(kidx == first_live, ids_vec, 0)).to(tl.int64)
+                pw0 = w_ptr + ef * stride_we + tile0 * stride_wt + lane * 4
+                pw1 = w_ptr + ef * stride_we + tile1 * stride_wt + lane * 4
+                for j in tl.static_range(L2_STEPS * DEPTH):
+                    kgp = tl.minimum(warp + j * NW, KG - 1)
+                    _l2_ask(pw0 + kgp * 128)
+                    if TWO:
+                        _l2_ask(pw1 + kgp * 128)
         tl.extra.cuda.gdc_wait()
     for mb in range(tl.program_id(1), nblk, tl.num_programs(1)):
         if DIRECT:
@@ -1149,11 +1204,11 @@ def direct_split(top_k: int, tiles: int, sms: int, cfg: dict) -> int:
 
 
 def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
-               rsf=1.0, direct=False, launch_dependents=False):
+               rsf=1.0, direct=False, launch_dependents=False, wait_prior=False):
     """One GEMM launch. align: moe_align's (sorted ids, expert ids, count);
     direct: one token, align = (its top-k ids,) * 3 (see the kernel's DIRECT).
     launch_dependents: let the next launch start now (one token's gate/up
-    before a down GEMM that prefetches, ring_prefetch)."""
+    before a dependent down GEMM, dependent_down)."""
     sorted_ids, expert_ids, _ = align
     E, RT, KG = Wf.shape[:3]
     assert cfg.get("kernel") == "frag", f"packed weights need a fragment-kernel config, not {cfg}"
@@ -1170,6 +1225,8 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     assert (n_out // 16) % rt == 0
     bulk, ring = ring_launch(cfg, KG, gated or rt == 2, 1 if direct else 8 * nt, _interpreting())
     prefetch = ring_prefetch(cfg, KG, direct and not gated, x.device)
+    if direct and not gated and not prefetch:
+        wait_prior = dependent_down(cfg, KG, x.device)
     tiles = n_out // 16 // rt
     if direct and gated:  # the token's slots shared by direct_split() programs per row tile
         from .indexer import _num_sms
@@ -1191,7 +1248,8 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=depth, EVEN_K=KG % (nw * depth) == 0,
         INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
         SCALES_AHEAD=scales_ahead, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=launch_dependents, PREFETCH=prefetch,
-        num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch else {}),
+        WAIT_PRIOR=wait_prior, L2_STEPS=int(cfg.get("pdl") or 0) if wait_prior and direct else 0,
+        num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch or wait_prior else {}),
         **register_cap(cfg),
     )
 
@@ -1228,17 +1286,20 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
         inter = torch.empty((k * bm, I), dtype=torch.bfloat16, device=x.device)
         _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, ids, k, I, weights.fmt,
                    cfg["gate_up"], True, False, swiglu_limit, num_valid, direct=True,
-                   launch_dependents=ring_prefetch(cfg["down"], weights.w2.shape[2], True, x.device))
+                   launch_dependents=dependent_down(cfg["down"], weights.w2.shape[2], x.device))
         if out is None:
             out = torch.empty((T, H), dtype=torch.bfloat16, device=x.device)
         _frag_gemm(inter, weights.w2, weights.s2, weights.g2, out, topk_weights, ids, k, H, weights.fmt,
                    cfg["down"], False, True, None, num_valid, rsf=routed_scaling_factor, direct=True)
         return out
-    align = routing.moe_align(topk_ids, E, bm)
+    dep = dependent_launches(cfg, x.device)
+    align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep)
     inter = torch.empty((align[0].shape[0], I), dtype=torch.bfloat16, device=x.device)
     _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, align, k, I, weights.fmt,
-               cfg["gate_up"], True, False, swiglu_limit, num_valid)
+               cfg["gate_up"], True, False, swiglu_limit, num_valid, launch_dependents="down" in dep,
+               wait_prior="gate_up" in dep)
     buf = torch.empty((num_valid, H), dtype=torch.float32, device=x.device)
     _frag_gemm(inter, weights.w2, weights.s2, weights.g2, buf, topk_weights, align, k, H, weights.fmt,
-               cfg["down"], False, True, None, num_valid)
-    return combine(buf, topk_ids, E, routed_scaling_factor, out)
+               cfg["down"], False, True, None, num_valid, launch_dependents="combine" in dep,
+               wait_prior="down" in dep)
+    return combine(buf, topk_ids, E, routed_scaling_factor, out, wait_prior="combine" in dep)

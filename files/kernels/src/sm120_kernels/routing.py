@@ -182,8 +182,10 @@ def align_capacity(n_pairs: int, num_experts: int, block_m: int) -> int:
 def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, num_post_ptr,
                   n, E, CAP,
                   BLOCK: tl.constexpr, E_BINS: tl.constexpr, BLOCK_M: tl.constexpr,
-                  INIT_BLOCK: tl.constexpr):
+                  INIT_BLOCK: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = False):
     # Single program: decode-sized inputs (n <= 8192 pairs).
+    if LAUNCH_DEPENDENTS:  # the GEMM after it may launch now (it waits for this kernel's outputs)
+        tl.extra.cuda.gdc_launch_dependents()
     offs = tl.arange(0, BLOCK)
     inb = offs < n
     e = tl.load(ids_ptr + offs, mask=inb, other=-1)
@@ -252,9 +254,11 @@ def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int):
 MAX_ALIGN_PAIRS = 8192
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, launch_dependents: bool = False):
     """-> (sorted_ids [cap] int32, expert_ids [cap // block_m] int32,
-    num_tokens_post_padded [1] int32). Rows past num_post hold the sentinel n."""
+    num_tokens_post_padded [1] int32). Rows past num_post hold the sentinel n.
+    launch_dependents: the next launch (a programmatic dependent one) may start
+    at once."""
     n = topk_ids.numel()
     if n > MAX_ALIGN_PAIRS or n == 0:
         return moe_align_reference(topk_ids, num_experts, block_m)
@@ -268,7 +272,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     block = max(triton.next_power_of_2(n), 16)
     _align_kernel[(1,)](flat, sorted_ids, expert_ids, num_post, n, num_experts, cap,
                         BLOCK=block, E_BINS=e_bins, BLOCK_M=block_m, INIT_BLOCK=1024,
-                        num_warps=4 if block <= 1024 else 8)
+                        LAUNCH_DEPENDENTS=launch_dependents, num_warps=4 if block <= 1024 else 8)
     return sorted_ids, expert_ids, num_post
 
 

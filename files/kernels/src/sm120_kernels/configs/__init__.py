@@ -18,7 +18,14 @@ scales_ahead (pipe only: a step decodes the next step's block scales after its
 MMAs), bulk (the K loop through each warp's shared-memory ring of that many
 stages of depth K groups, copied by cp.async.bulk; pipe and scales_ahead then
 do not apply; at most 48 KB of rings per program) and, at one token,
-direct_split and direct (fused_moe_w4a16_frag).
+direct_split and direct (fused_moe_w4a16_frag), prefetch (the down GEMM's
+rings: its first stages copied before the gate/up GEMM ends) and pdl (the
+down GEMM's register path launched dependent on the gate/up GEMM, asking L2
+for that many K steps of its first slot first).
+
+Whole-bucket key dependent_launches (sm_90 and newer; true, or a list of
+DEPENDENT_LAUNCHES): those launches start while the launch before them
+runs (programmatic dependent launch) and wait for its outputs.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import re
 from importlib import resources
 
 KEYS = {"frag": ("NT", "num_warps", "pipe"), "mma": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")}
+DEPENDENT_LAUNCHES = ("gate_up", "down", "combine")
 
 
 def device_file_name(device_name: str) -> str:
@@ -44,7 +52,11 @@ def shipped_files() -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def load_file(name: str) -> dict:
-    data = json.loads(resources.files(__package__).joinpath(name).read_text())
+    return validate(name, json.loads(resources.files(__package__).joinpath(name).read_text()))
+
+
+def validate(name: str, data: dict) -> dict:
+    """data (config file name's contents), or ValueError naming what is wrong."""
     for fmt, buckets in data.items():
         if fmt.startswith("_"):
             continue
@@ -56,6 +68,10 @@ def load_file(name: str) -> dict:
                 missing = [k for k in KEYS[kind] if k not in bucket[kernel]]
                 if missing:
                     raise ValueError(f"{name}: {fmt}/{kernel} lacks {missing}")
+            dep = bucket.get("dependent_launches", False)
+            if not (isinstance(dep, bool) or (isinstance(dep, list) and set(dep) <= set(DEPENDENT_LAUNCHES))):
+                raise ValueError(f"{name}: {fmt}: dependent_launches is true, false or a list of "
+                                 f"{list(DEPENDENT_LAUNCHES)}, not {dep!r}")
             if bucket["gate_up"].get("NT") != bucket["down"].get("NT"):
                 raise ValueError(f"{name}: {fmt}: gate_up and down must share NT (one alignment)")
     return data
