@@ -56,10 +56,12 @@ def test_moe_matches_reference(interpret, fmt, kn, T, family):
     # the fragment order's 64 columns, so the weights stay unpacked); frag:
     # H=128, I=64; expert 3 gets no tokens; -1 slots belong to other ranks; 9 is
     # out of range; T=20 puts more than 16 tokens on one expert (two blocks);
-    # ring: H=448, I=192.
+    # ring and ahead: H=448 (320 for ring4), I=128.
     E, H, I, k = 4, (320 if family == "mma" else 128), (96 if family == "mma" else 64), 3
     if family.startswith("ring") or family == "ahead":
-        H, I = 448, 192  # 7 and 3 K groups: not a multiple of any ring step (4 or 6 groups), so each ends on clamped ones
+        # 7 (ring4: 5) and 2 K groups: not a multiple of any ring step (4 or 6
+        # groups), so each ends on clamped ones; the gate/up takes two steps
+        H, I = (320 if family == "ring4" else 448), 128
     g = torch.Generator().manual_seed(T)
     ids = torch.randint(0, 3, (T, k), generator=g, dtype=torch.int32)
     ids[0] = torch.tensor([0, -1, 2], dtype=torch.int32)
