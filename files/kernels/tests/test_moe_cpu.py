@@ -88,7 +88,7 @@ def test_one_token_direct_path(interpret, monkeypatch, fmt, kn, rt, split, ids):
     slots and applies rsf) against the reference and the aligned path."""
     aligned_calls = []
     align = F.routing.moe_align
-    monkeypatch.setattr(F.routing, "moe_align", lambda *a: aligned_calls.append(a) or align(*a))
+    monkeypatch.setattr(F.routing, "moe_align", lambda *a, **kw: aligned_calls.append(a) or align(*a, **kw))
     E, H, I = 4, 128, 64
     cfg = {"gate_up": dict(CFG_FRAG["gate_up"], direct_split=split), "down": dict(CFG_FRAG["down"], RT=rt)}
     ids = torch.tensor([ids], dtype=torch.int32)
