@@ -623,8 +623,7 @@ def _lds_x(a, valid):
         asm=_ASM_X_SHARED, constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r", args=[a, valid.to(tl.int32)],
         dtype=(tl.int32,) * 8, is_pure=False, pack=1)
 
-# --------------------------------------------------------------------------
-# Kernel
+
 @triton.jit
 def _l2_ask(p):
     """Ask L2 for the line at p; no register waits for it."""
@@ -632,6 +631,8 @@ def _l2_ask(p):
                               dtype=tl.int32, is_pure=False, pack=1)
 
 
+# --------------------------------------------------------------------------
+# Kernel
 # --------------------------------------------------------------------------
 
 
@@ -993,13 +994,14 @@ def _moe_frag_kernel(
     of BULK stages (_ring_k_loop; RING declares the buffer; KG a multiple of
     NW x DEPTH).
 
-    Programmatic dependent launch, one token: LAUNCH_DEPENDENTS (the gate/up)
-    lets the next kernel launch at once; PREFETCH (the down GEMM through its
+    Programmatic dependent launch: LAUNCH_DEPENDENTS lets the next kernel
+    launch at once; at one token PREFETCH (the down GEMM through its
     rings, launched with launch_pdl) copies its first live slot's first
     stages of weights before it waits for the gate/up GEMM's output;
-    WAIT_PRIOR (the down GEMM's register path, launched with launch_pdl)
-    waits for it after asking L2 for its first live slot's first L2_STEPS K
-    steps."""
+    WAIT_PRIOR (launched with launch_pdl) waits for the previous launch's
+    outputs before it reads any: with several tokens the alignment's (gate/up) or
+    the gate/up GEMM's (down); at one token the down GEMM's register path
+    first asks L2 for its first live slot's first L2_STEPS K steps."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
     # the rings' layout (ring_bytes): per warp BULK stages of STAGE bytes, then
