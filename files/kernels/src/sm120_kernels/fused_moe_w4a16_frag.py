@@ -474,6 +474,11 @@ def ring_launch(cfg: dict, kg: int, two: bool, xrows: int, interpreting: bool = 
     return (bulk, ring_decl(nbytes)) if nbytes <= 48 * 1024 else (0, "")
 
 
+def _dependent_launch_capable(device) -> bool:
+    """Programmatic dependent launches (griddepcontrol) need a GPU of sm_90 or newer."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def ring_prefetch(cfg: dict, kg: int, one_token_down: bool, device) -> bool:
     """Whether a launch prefetches (config "prefetch"): one token's down GEMM
     through its rings, launched as a programmatic dependent launch (sm_90 and
@@ -482,7 +487,7 @@ def ring_prefetch(cfg: dict, kg: int, one_token_down: bool, device) -> bool:
     into the rings, then wait for the gate/up GEMM's output."""
     if not (cfg.get("prefetch") and one_token_down and ring_launch(cfg, kg, False, 1, _interpreting())[0]):
         return False
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return _dependent_launch_capable(device)
 
 
 def dependent_launches(cfg: dict, device) -> frozenset:
@@ -494,7 +499,7 @@ def dependent_launches(cfg: dict, device) -> frozenset:
     from .configs import DEPENDENT_LAUNCHES
 
     want = cfg.get("dependent_launches")
-    if not want or _interpreting() or device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+    if not want or _interpreting() or not _dependent_launch_capable(device):
         return frozenset()
     want = frozenset(DEPENDENT_LAUNCHES if want is True else want)
     assert want <= set(DEPENDENT_LAUNCHES), f"dependent_launches: some of {DEPENDENT_LAUNCHES}, not {sorted(want)}"
@@ -510,7 +515,7 @@ def dependent_down(cfg: dict, kg: int, device) -> bool:
         return True
     if cfg.get("pdl") is None or _interpreting() or ring_launch(cfg, kg, False, 1)[0]:
         return False
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return _dependent_launch_capable(device)
 
 
 _RING_INIT = tl.constexpr("""{
