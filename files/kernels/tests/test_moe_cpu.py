@@ -196,20 +196,33 @@ def test_frag_pack_scales_layout(fmt):
     """frag_pack_scales gives lane (g, q) of row tile rt and K group kg the
     scales it multiplies by (NVFP4: rows g and g + 8 of group 4 kg + q as the
     low and high byte; INT4: row g + 8 (q & 1) of group 2 kg + q // 2, the other
-    row being lane q ^ 1's), keeps the bytes, and round-trips."""
+    row being lane q ^ 1's, as the bf16 of s * 2**133 for rows g and s * 2**129
+    for rows g + 8), keeps the size, and round-trips exactly."""
     g = torch.Generator().manual_seed(1)
     E, N, K = 2, 32, 128
     per_kg = 4 if fmt == "nvfp4" else 2
     raw = torch.randint(0, 2**16, (E, N, K // 64 * per_kg), generator=g, dtype=torch.int32)
-    s = raw.to(torch.uint8) if fmt == "nvfp4" else torch.where(raw >= 2**15, raw - 2**16, raw).to(
-        torch.int16).view(torch.bfloat16)
+    if fmt == "nvfp4":  # any bytes
+        s = raw.to(torch.uint8)
+    else:  # any bf16 below 2**-5 in magnitude: signs, zeros, subnormals, the largest
+        mag = (raw & 0x7FFF) % 0x3D00
+        s = torch.where(raw >= 2**15, mag | -2**15, mag).to(torch.int16).view(torch.bfloat16)
+        s[0, 0, 0] = 0.0
+        s[1, 5, 1] = 2.0**-5 * (1 - 2.0**-8)
+        s[1, 9, 2] = -2.0**-133
     sf = F.frag_pack_scales(s, fmt)
     assert sf.dtype == torch.int16 and sf.shape == (E, N // 16, K // 64, 32)
     assert sf.numel() * 2 == s.numel() * s.element_size()
     back = F.frag_unpack_scales(sf, fmt)
     assert back.dtype == s.dtype and torch.equal(back.view(torch.uint8), s.view(torch.uint8))
-    bits = s.view(torch.uint8).to(torch.int32) if fmt == "nvfp4" else s.view(torch.int16).to(torch.int32) & 0xFFFF
-    for e, rt, kg, lane in ((0, 0, 0, 0), (1, 1, 1, 31), (0, 1, 0, 6), (1, 0, 1, 13)):
+    if fmt == "nvfp4":
+        bits = s.view(torch.uint8).to(torch.int32)
+    else:
+        rows = torch.arange(N)[None, :, None] % 16 < 8
+        shifted = torch.where(rows, s.double() * 2.0**133, s.double() * 2.0**129)
+        bits = shifted.float().to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+        assert torch.equal(shifted, shifted.float().to(torch.bfloat16).double()), "not exact in bf16"
+    for e, rt, kg, lane in ((0, 0, 0, 0), (1, 1, 1, 31), (0, 1, 0, 6), (1, 0, 1, 13), (1, 0, 0, 21)):
         gi, q = divmod(lane, 4)
         got = int(sf[e, rt, kg, lane]) & 0xFFFF
         if fmt == "nvfp4":
@@ -217,6 +230,38 @@ def test_frag_pack_scales_layout(fmt):
         else:
             want = int(bits[e, 16 * rt + gi + 8 * (q & 1), 2 * kg + q // 2])
         assert got == want, (fmt, e, rt, kg, lane)
+
+
+def test_int4_scale_fragments_refuse_scales_without_headroom():
+    s = torch.full((1, 16, 2), 2.0**-5, dtype=torch.bfloat16)
+    with pytest.raises(AssertionError, match="int4_headroom"):
+        F.frag_pack_scales(s, "int4")
+    assert [F.int4_headroom(torch.tensor([v])) for v in (0.0, 0.031, 2.0**-5, -0.05, 0.5, 3.0)] == [0, 0, 1, 1, 5, 7]
+
+
+def test_int4_large_scales_move_into_the_global_scale(interpret):
+    """make_weights divides INT4 scales of 2**-5 and above by a power of two and
+    multiplies the global scale by it: the reference's dequantised weights and
+    the kernel's output stay those of the original scales."""
+    E, H, I, T = 2, 128, 64, 3
+    W = M.random_weights("int4", E, H, I, "cpu", seed=6, pack=False)
+    s13, s2 = (W.s13.float() * 64).to(torch.bfloat16), (W.s2.float() * 64).to(torch.bfloat16)
+    big = M.make_weights("int4", W.w13, s13, W.w2, s2)
+    j13, j2 = F.int4_headroom(s13), F.int4_headroom(s2)
+    assert big.packed and j13 > 0 and j2 > 0
+    assert torch.all(big.g13 == 2.0**j13) and torch.all(big.g2 == 2.0**j2)
+    for e in range(E):
+        want = M.dequant_reference("int4", W.w13[e], s13[e], W.g13[e])
+        got = M.dequant_reference("int4", big.words("w13")[e], big.scales("s13")[e], big.g13[e])
+        assert torch.equal(got, want)
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn((T, H), generator=g) / 64).to(torch.bfloat16)
+    ids = torch.tensor([[0, 1], [1, -1], [0, 0]], dtype=torch.int32)
+    tw = torch.rand(ids.shape, generator=g) + 0.1
+    out = F.fused_moe_w4a16_frag(x, big, tw, ids, config=CFG_FRAG)
+    plain = M.W4A16Weights("int4", W.w13, s13, W.g13, W.w2, s2, W.g2)
+    res = compare(out, M.moe_w4a16_reference(x, plain, tw, ids))
+    assert res.ok, res.detail
 
 
 def test_unpackable_shapes_stay_in_checkpoint_order():

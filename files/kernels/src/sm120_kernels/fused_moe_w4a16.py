@@ -375,7 +375,8 @@ class W4A16Weights:
     compressed-tensors' [E, K/8, N] repacked by make_weights); any strides work,
     rows of contiguous words are what the decode kernel reads fastest;
     s: scales [E, N, K/group] with arbitrary strides (uint8 e4m3 bits or bf16);
-    g: fp32 per-expert global scale [E] (ones for int4).
+    g: fp32 per-expert global scale [E] (ones for int4; packed INT4 weights whose
+    scales reach 2**-5 hold them divided by a power of two, which g carries).
     packed: w13/w2 are in fused_moe_w4a16_frag's fragment order
     ([E, N/16, K/64, 32, 4]) and s13/s2 its scale fragments ([E, N/16, K/64,
     32] int16, frag_pack_scales); scales() gives the checkpoint layout back.
@@ -455,20 +456,25 @@ def make_weights(fmt, w13, s13, w2, s2, g13=None, g2=None, kn=False, pack=True) 
     w13v, w2v = _as_words(w13, kn), _as_words(w2, kn)
     s13v, s2v = _as_scales(s13, kn), _as_scales(s2, kn)
     if pack and packable(w13v.shape[1], w13v.shape[2] * 8) and packable(w2v.shape[1], w2v.shape[2] * 8):
-        from .fused_moe_w4a16_frag import frag_pack, frag_pack_scales
+        from .fused_moe_w4a16_frag import frag_pack, frag_pack_scales, int4_headroom
 
         w13v, w2v = frag_pack(w13v, fmt), frag_pack(w2v, fmt)
-        s13v, s2v = frag_pack_scales(s13v, fmt), frag_pack_scales(s2v, fmt)
+        # INT4 scale fragments need |s| < 2**-5 (frag_pack_scales): larger
+        # scales are divided by a power of two that the global scale carries
+        j13, j2 = (int4_headroom(s13v), int4_headroom(s2v)) if fmt == "int4" else (0, 0)
+        s13v = frag_pack_scales(s13v if j13 == 0 else (s13v.float() * 2.0**-j13).to(s13v.dtype), fmt)
+        s2v = frag_pack_scales(s2v if j2 == 0 else (s2v.float() * 2.0**-j2).to(s2v.dtype), fmt)
     else:
         pack = False
+        j13 = j2 = 0
     e = w13v.shape[0]
     dev = w13.device
     if g13 is None:
         g13 = torch.ones(e, dtype=torch.float32, device=dev)
     if g2 is None:
         g2 = torch.ones(e, dtype=torch.float32, device=dev)
-    g13 = g13.reshape(e, -1)[:, 0].float().contiguous()
-    g2 = g2.reshape(e, -1)[:, 0].float().contiguous()
+    g13 = (g13.reshape(e, -1)[:, 0].float() * 2.0**j13).contiguous()
+    g2 = (g2.reshape(e, -1)[:, 0].float() * 2.0**j2).contiguous()
     return W4A16Weights(fmt, w13v, s13v, g13, w2v, s2v, g2, packed=pack)
 
 

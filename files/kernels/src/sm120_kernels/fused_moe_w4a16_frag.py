@@ -101,9 +101,11 @@ def frag_pack_scales(s: torch.Tensor, fmt: str) -> torch.Tensor:
     [E, N/16, K/64, 32]: what lane (g, q) of row tile rt needs for K group kg,
     so a warp's scales of a K group are one 64-byte load. NVFP4: the e4m3 bytes
     of rows g (low byte) and g + 8 (high) for its 16 columns' group 4 kg + q.
-    INT4: the bf16 of row g + 8 (q & 1) for group 2 kg + q // 2, so lanes q and
+    INT4: row g + 8 (q & 1)'s scale for group 2 kg + q // 2, so lanes q and
     q ^ 1 together hold rows g and g + 8 of one group, which each of them reads
-    as one 32-bit load. Same bytes as the checkpoint's."""
+    as one 32-bit load; as the bf16 of s * 2**133 (rows g) or s * 2**129 (rows
+    g + 8), what _INT4_A multiplies its masked nibbles by (|s| < 2**-5). Same
+    size as the checkpoint's."""
     E, N, G = s.shape
     per_kg = 4 if fmt == "nvfp4" else 2
     assert N % 16 == 0 and G % per_kg == 0, (s.shape, fmt)
@@ -113,7 +115,12 @@ def frag_pack_scales(s: torch.Tensor, fmt: str) -> torch.Tensor:
         out = b[:, :, 0] | (b[:, :, 1] << 8)  # e rt g kg q
         out = out.permute(0, 1, 3, 2, 4)  # e rt kg g q
     else:
-        b = s.contiguous().view(torch.int16).view(E, N // 16, 2, 8, KG, 2)  # rt rh g kg qh
+        top = float(s.float().abs().max()) if s.numel() else 0.0
+        assert top < 2.0**-5, (f"INT4 scales up to {top}: divide them by 2**int4_headroom(s) first "
+                               "(make_weights does, and multiplies the global scale by it)")
+        f = s.float().view(E, N // 16, 2, 8, G)  # rt rh g group
+        f = torch.stack((f[:, :, 0] * 2.0**66 * 2.0**67, f[:, :, 1] * 2.0**64 * 2.0**65), dim=2)
+        b = f.to(torch.bfloat16).view(torch.int16).view(E, N // 16, 2, 8, KG, 2)  # rt rh g kg qh
         out = b.permute(0, 1, 4, 3, 5, 2)  # e rt kg g qh rh: lane q = 2 qh + rh
     out = out.reshape(E, N // 16, KG, 32)
     return torch.where(out >= 2**15, out - 2**16, out).to(torch.int16).contiguous()
@@ -128,8 +135,9 @@ def frag_unpack_scales(sf: torch.Tensor, fmt: str) -> torch.Tensor:
         out = torch.stack((v & 0xFF, v >> 8), dim=2)  # e rt rh g kg q
         return out.reshape(E, RT * 16, KG * 4).to(torch.uint8)
     v = v.view(E, RT, KG, 8, 2, 2).permute(0, 1, 5, 3, 2, 4)  # e rt rh g kg qh
-    v = v.reshape(E, RT * 16, KG * 2)
-    return torch.where(v >= 2**15, v - 2**16, v).to(torch.int16).view(torch.bfloat16)
+    f = torch.where(v >= 2**15, v - 2**16, v).to(torch.int16).view(torch.bfloat16).float()
+    f = torch.stack((f[:, :, 0] * 2.0**-66 * 2.0**-67, f[:, :, 1] * 2.0**-64 * 2.0**-65), dim=2)
+    return f.reshape(E, RT * 16, KG * 2).to(torch.bfloat16)
 
 
 def _bit_positions(fmt: str, device):
@@ -187,45 +195,78 @@ _NVFP4_A = """mov.b32 q, $W;
         shl.b32 u, q, 1;
         lop3.b32 u, u, 0x80008000, t, 0xEA;
         fma.rn.bf16x2 a3, u, $SH, nz;"""
-# INT4 pair (i, i+4): (q & 0x000F000F) | 0x43004300 = bf16 (128 + n); minus 136
-# = n - 8 exactly; times the bf16 scale, rounded once (as the reference).
-_INT4_PAIR = """
-        lop3.b32 u, q, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 u, u, one, c136;
-        fma.rn.bf16x2 {dst}, u, {s}, nz;"""
-_INT4_A = (
-    "mov.b32 q, $W;" + _INT4_PAIR.format(dst="a0", s="$SL") + "\n        shr.u32 q, q, 4;"
-    + _INT4_PAIR.format(dst="a1", s="$SH") + "\n        shr.u32 q, q, 4;"
-    + _INT4_PAIR.format(dst="a2", s="$SL") + "\n        shr.u32 q, q, 4;"
-    + _INT4_PAIR.format(dst="a3", s="$SH")
-)
+# INT4: the word's nibbles 0-3 (bits 0-15) and 4-7 (bits 16-31), value i at
+# bits 4i. A bf16 whose low byte holds v (exponent field 0 or 1) is exactly
+# v * 2**-133, so masking nibbles i and i + 4 in place gives n * 2**-133 (bits
+# 0-3) or n * 2**-129 (bits 4-7) with no shift, and one fma with the row's
+# scale fragment S = s * 2**133 (or 2**129; frag_pack_scales) and C = -8 s
+# (_INT4_SCALES) gives (n - 8) * s, rounded once as the reference. 9
+# instructions per word (4 masks, one shift, 4 fmas) where 128 + n minus 136
+# took 15.
+_INT4_A = """mov.b32 q, $W;
+        and.b32 u, q, 0x000F000F;
+        fma.rn.bf16x2 a0, u, $SL, $CL;
+        and.b32 u, q, 0x00F000F0;
+        fma.rn.bf16x2 a1, u, $SH, $CH;
+        shr.u32 t, q, 8;
+        and.b32 u, t, 0x000F000F;
+        fma.rn.bf16x2 a2, u, $SL, $CL;
+        and.b32 u, t, 0x00F000F0;
+        fma.rn.bf16x2 a3, u, $SH, $CH;"""
+# INT4 scale fragment (the lane pair's bf16 S of rows g and g + 8) -> $0 = {S_g,
+# S_g}, $1 = {S_g8, S_g8}, $2 = $0 * -2**-130 = {-8 s_g, ..}, $3 = $1 * -2**-126,
+# exact (0x8008 = -2**-130, 0x8080 = -2**-126 in bf16).
+_INT4_SCALES = """{
+            .reg .b32 mlo, mhi, nz;
+            mov.b32 mlo, 0x80088008;
+            mov.b32 mhi, 0x80808080;
+            mov.b32 nz, 0x80008000;
+            prmt.b32 $0, $4, 0, 0x1010;
+            prmt.b32 $1, $4, 0, 0x3232;
+            fma.rn.bf16x2 $2, $0, mlo, nz;
+            fma.rn.bf16x2 $3, $1, mhi, nz;
+            }"""
+# INT4 scale fragments hold s * 2**133 (rows g) and s * 2**129 (rows g + 8) as
+# bf16, which needs |s| < 2**-5; make_weights divides a layer's scales by
+# 2**int4_headroom(s) and puts that power of two in the global scale.
+INT4_ROW_SHIFT = (133, 129)
+
+
+def int4_headroom(s: torch.Tensor) -> int:
+    """The power of two j such that every INT4 scale / 2**j is below 2**-5 in
+    magnitude (0 for every real checkpoint seen: group scales are ~1e-3)."""
+    top = float(s.float().abs().max()) if s.numel() else 0.0
+    if top < 2.0**-5:
+        return 0
+    return int(torch.floor(torch.log2(torch.tensor(top)))) + 6
 
 
 def _mma_asm(fmt: str, nt: int) -> str:
     """One word -> scaled A fragment, then nt m16n8k16 MMAs accumulating.
     Operands: outputs $0 .. $(4nt - 1); inputs: the word, the two rows' scale
-    pairs, 2 B registers per n8 tile, then the 4 nt accumulators."""
+    pairs (INT4: then the two rows' -8 s pairs), 2 B registers per n8 tile,
+    then the 4 nt accumulators."""
     n_out = 4 * nt
-    w, sl, sh = n_out, n_out + 1, n_out + 2
+    ns = 2 if fmt == "nvfp4" else 4
+    w, sl, sh, cl, ch = n_out, n_out + 1, n_out + 2, n_out + 3, n_out + 4
     body = (_NVFP4_A if fmt == "nvfp4" else _INT4_A)
-    body = body.replace("$W", f"${w}").replace("$SL", f"${sl}").replace("$SH", f"${sh}")
+    body = (body.replace("$W", f"${w}").replace("$SL", f"${sl}").replace("$SH", f"${sh}")
+            .replace("$CL", f"${cl}").replace("$CH", f"${ch}"))
     mmas = []
     for j in range(nt):
         o = ", ".join(f"${4 * j + c}" for c in range(4))
-        b = f"${n_out + 3 + 2 * j}, ${n_out + 4 + 2 * j}"
-        c = ", ".join(f"${n_out + 3 + 2 * nt + 4 * j + i}" for i in range(4))
+        b = f"${n_out + 1 + ns + 2 * j}, ${n_out + 2 + ns + 2 * j}"
+        c = ", ".join(f"${n_out + 1 + ns + 2 * nt + 4 * j + i}" for i in range(4))
         mmas.append(f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{o}}}, {{a0, a1, a2, a3}}, {{{b}}}, "
                     f"{{{c}}};")
     return ("""{
-        .reg .b32 q, t, u, a0, a1, a2, a3, nz, one, c136;
+        .reg .b32 q, t, u, a0, a1, a2, a3, nz;
         mov.b32 nz, 0x80008000;
-        mov.b32 one, 0x3F803F80;
-        mov.b32 c136, 0xC308C308;
         """ + body + "\n        " + "\n        ".join(mmas) + "\n        }")
 
 
-def _mma_constraints(nt: int) -> str:
-    return ",".join(["=f"] * (4 * nt) + ["r"] * (3 + 2 * nt) + ["f"] * (4 * nt))
+def _mma_constraints(fmt: str, nt: int) -> str:
+    return ",".join(["=f"] * (4 * nt) + ["r"] * ((3 if fmt == "nvfp4" else 5) + 2 * nt) + ["f"] * (4 * nt))
 
 
 # NVFP4 row scales: the e4m3 bytes of rows g ($2) and g + 8 ($3) -> bf16x2
@@ -252,8 +293,11 @@ _ASM_NVFP4_1 = tl.constexpr(_mma_asm("nvfp4", 1))
 _ASM_NVFP4_2 = tl.constexpr(_mma_asm("nvfp4", 2))
 _ASM_INT4_1 = tl.constexpr(_mma_asm("int4", 1))
 _ASM_INT4_2 = tl.constexpr(_mma_asm("int4", 2))
-_MMA_C1 = tl.constexpr(_mma_constraints(1))
-_MMA_C2 = tl.constexpr(_mma_constraints(2))
+_MMA_NVFP4_C1 = tl.constexpr(_mma_constraints("nvfp4", 1))
+_MMA_NVFP4_C2 = tl.constexpr(_mma_constraints("nvfp4", 2))
+_MMA_INT4_C1 = tl.constexpr(_mma_constraints("int4", 1))
+_MMA_INT4_C2 = tl.constexpr(_mma_constraints("int4", 2))
+_ASM_INT4_SCALES = tl.constexpr(_INT4_SCALES)
 _ASM_E4M3_PAIRS = tl.constexpr(_E4M3_PAIRS)
 
 
@@ -299,8 +343,10 @@ def _mma_emulated(w, s_lo, s_hi, b0, b1, FMT: tl.constexpr, NW: tl.constexpr):
 
 
 @triton.jit
-def _mma(acc, w, s_lo, s_hi, b, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr, INTERP: tl.constexpr):
-    """acc (4 NT fp32 per lane) += scaled A (one word per lane) x B, one K tile."""
+def _mma(acc, w, s_lo, s_hi, c_lo, c_hi, b, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
+         INTERP: tl.constexpr):
+    """acc (4 NT fp32 per lane) += scaled A (one word per lane) x B, one K tile.
+    s_lo, s_hi, c_lo, c_hi: _decode_tile's scale registers (c: INT4 only)."""
     if INTERP:
         p0, p1, p2, p3 = _mma_emulated(w, s_lo, s_hi, b[0], b[1], FMT, NW)
         if NT == 1:
@@ -311,20 +357,22 @@ def _mma(acc, w, s_lo, s_hi, b, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.cons
                     acc[4] + p4, acc[5] + p5, acc[6] + p6, acc[7] + p7)
     if NT == 1:
         if FMT == 0:
-            asm: tl.constexpr = _ASM_NVFP4_1
-        else:
-            asm: tl.constexpr = _ASM_INT4_1
-        return tl.inline_asm_elementwise(asm=asm, constraints=_MMA_C1,
-                                         args=[w, s_lo, s_hi, b[0], b[1], acc[0], acc[1], acc[2], acc[3]],
+            return tl.inline_asm_elementwise(asm=_ASM_NVFP4_1, constraints=_MMA_NVFP4_C1,
+                                             args=[w, s_lo, s_hi, b[0], b[1], acc[0], acc[1], acc[2], acc[3]],
+                                             dtype=(tl.float32,) * 4, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(asm=_ASM_INT4_1, constraints=_MMA_INT4_C1,
+                                         args=[w, s_lo, s_hi, c_lo, c_hi, b[0], b[1], acc[0], acc[1], acc[2],
+                                               acc[3]],
                                          dtype=(tl.float32,) * 4, is_pure=True, pack=1)
     else:
         if FMT == 0:
-            asm2: tl.constexpr = _ASM_NVFP4_2
-        else:
-            asm2: tl.constexpr = _ASM_INT4_2
-        return tl.inline_asm_elementwise(asm=asm2, constraints=_MMA_C2,
-                                         args=[w, s_lo, s_hi, b[0], b[1], b[2], b[3], acc[0], acc[1], acc[2],
-                                               acc[3], acc[4], acc[5], acc[6], acc[7]],
+            return tl.inline_asm_elementwise(asm=_ASM_NVFP4_2, constraints=_MMA_NVFP4_C2,
+                                             args=[w, s_lo, s_hi, b[0], b[1], b[2], b[3], acc[0], acc[1],
+                                                   acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]],
+                                             dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(asm=_ASM_INT4_2, constraints=_MMA_INT4_C2,
+                                         args=[w, s_lo, s_hi, c_lo, c_hi, b[0], b[1], b[2], b[3], acc[0], acc[1],
+                                               acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]],
                                          dtype=(tl.float32,) * 8, is_pure=True, pack=1)
 
 
@@ -400,30 +448,44 @@ def _scale_rows(v, FMT: tl.constexpr):
 def _scale_pairs(lo, hi, ok, FMT: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
     """Raw scales of rows g and g + 8 -> what _mma multiplies the A pairs by:
     on the GPU bf16x2 {s, s} (NVFP4: s * 2**119, exact; the global scale takes
-    2**-119 * 2**126 = 2**7), in the interpreter fp32 s. Zero for a clamped
-    group (not ok)."""
+    2**-119 * 2**126 = 2**7), in the interpreter fp32 s (INT4: the fragment's
+    S / 2**133 and S / 2**129, INT4_ROW_SHIFT). Zero for a clamped group (not
+    ok). INT4 on the GPU: _int4_scales."""
     if INTERP:
         if FMT == 0:
             a = _e4m3_to_f32(lo)
             b = _e4m3_to_f32(hi)
-        else:
-            a = (lo << 16).to(tl.float32, bitcast=True)
-            b = (hi << 16).to(tl.float32, bitcast=True)
+        else:  # two steps: 2**-133 is not a normal fp32
+            a = (lo << 16).to(tl.float32, bitcast=True) * 2.0**-66 * 2.0**-67
+            b = (hi << 16).to(tl.float32, bitcast=True) * 2.0**-64 * 2.0**-65
         if not EVEN_K:
             a = tl.where(ok, a, 0.0)
             b = tl.where(ok, b, 0.0)
         return a, b
-    if FMT == 0:
-        a, b = tl.inline_asm_elementwise(
-            asm=_ASM_E4M3_PAIRS, constraints="=r,=r,r,r", args=[lo, hi], dtype=(tl.int32, tl.int32), is_pure=True,
-            pack=1)
-    else:
-        a = lo | (lo << 16)
-        b = hi | (hi << 16)
+    tl.static_assert(FMT == 0, "INT4 scales decode through _int4_scales on the GPU")
+    a, b = tl.inline_asm_elementwise(
+        asm=_ASM_E4M3_PAIRS, constraints="=r,=r,r,r", args=[lo, hi], dtype=(tl.int32, tl.int32), is_pure=True,
+        pack=1)
     if not EVEN_K:
         a = tl.where(ok, a, 0)
         b = tl.where(ok, b, 0)
     return a, b
+
+
+@triton.jit
+def _int4_scales(v, ok, EVEN_K: tl.constexpr):
+    """An INT4 lane's scale fragment (_ld_scale: S of rows g and g + 8) ->
+    bf16x2 {S_g, S_g}, {S_g8, S_g8} and the -8 s pairs (_INT4_SCALES), zero
+    for a clamped group (not ok)."""
+    a, b, ca, cb = tl.inline_asm_elementwise(
+        asm=_ASM_INT4_SCALES, constraints="=r,=r,=r,=r,r", args=[v], dtype=(tl.int32,) * 4, is_pure=True,
+        pack=1)
+    if not EVEN_K:
+        a = tl.where(ok, a, 0)
+        b = tl.where(ok, b, 0)
+        ca = tl.where(ok, ca, 0)
+        cb = tl.where(ok, cb, 0)
+    return a, b, ca, cb
 
 
 # --------------------------------------------------------------------------
@@ -651,11 +713,16 @@ def _load_tile(wp, sp, kg, FMT: tl.constexpr, INTERP: tl.constexpr):
 
 @triton.jit
 def _decode_tile(raw, ok, FMT: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
-    """A row tile's loads with its scale fragment decoded (_tile_step's s_lo,
-    s_hi in place of the raw fragment)."""
-    lo, hi = _scale_rows(raw[4], FMT)
-    s_lo, s_hi = _scale_pairs(lo, hi, ok, FMT, EVEN_K, INTERP)
-    return (raw[0], raw[1], raw[2], raw[3], s_lo, s_hi)
+    """A row tile's loads with its scale fragment decoded (_mma's s_lo, s_hi,
+    c_lo, c_hi in place of the raw fragment; c: INT4 only)."""
+    if FMT == 1 and not INTERP:
+        s_lo, s_hi, c_lo, c_hi = _int4_scales(raw[4], ok, EVEN_K)
+    else:
+        lo, hi = _scale_rows(raw[4], FMT)
+        s_lo, s_hi = _scale_pairs(lo, hi, ok, FMT, EVEN_K, INTERP)
+        c_lo = s_lo
+        c_hi = s_hi
+    return (raw[0], raw[1], raw[2], raw[3], s_lo, s_hi, c_lo, c_hi)
 
 
 @triton.jit
@@ -693,14 +760,12 @@ def _tile_step(acc, raw, xs, ok, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.con
     DECODED: raw holds the decoded scales (_decode_tile), not the fragment."""
     if not DECODED:
         raw = _decode_tile(raw, ok, FMT, EVEN_K, INTERP)
-    s_lo = raw[4]
-    s_hi = raw[5]
     for j in tl.static_range(4):
         if NT == 1:
             b = (xs[2 * j], xs[2 * j + 1])
         else:
             b = (xs[2 * j], xs[2 * j + 1], xs[8 + 2 * j], xs[9 + 2 * j])
-        acc = _mma(acc, raw[j], s_lo, s_hi, b, FMT, NT, NW, INTERP)
+        acc = _mma(acc, raw[j], raw[4], raw[5], raw[6], raw[7], b, FMT, NT, NW, INTERP)
     return acc
 
 
