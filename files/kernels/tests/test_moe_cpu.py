@@ -160,8 +160,8 @@ def test_dequant_reference_formats():
 def test_frag_pack_layout():
     """frag_pack puts lane (g, q)'s A values of each 16 x 16 tile into one word
     (INT4: nibbles r and r + 4 = the bf16x2 register a_r of the m16n8k16 A
-    fragment; NVFP4: the same values with their sign and exponent/mantissa bits
-    at NVFP4_SIGN_BIT / NVFP4_EM_BIT) and round-trips; K is permuted within
+    fragment; NVFP4: the same values, read back through _NVFP4_A's integer
+    steps) and round-trips; K is permuted within
     64-column groups as documented."""
     g = torch.Generator().manual_seed(0)
     w = torch.randint(-2**31, 2**31 - 1, (2, 32, 16), generator=g, dtype=torch.int32)
@@ -183,12 +183,31 @@ def test_frag_pack_layout():
                 a(gi, 2 * q + 1), a(gi + 8, 2 * q + 1), a(gi, 2 * q + 9), a(gi + 8, 2 * q + 9)]
         assert got == want, (rt, kg, lane, j)
         wn = int(fn[1, rt, kg, lane, j]) & 0xFFFFFFFF
-        got_n = [(((wn >> (16 * (i // 4) + F.NVFP4_SIGN_BIT[i % 4])) & 1) << 3)
-                 | ((wn >> (16 * (i // 4) + F.NVFP4_EM_BIT[i % 4])) & 7) for i in range(8)]
+        regs = [_nvfp4_register(wn, pieces) for pieces in F.NVFP4_PIECES]
+        got_n = [(((regs[i % 4] >> (16 * (i // 4) + 15)) & 1) << 3) | ((regs[i % 4] >> (16 * (i // 4) + 6)) & 7)
+                 for i in range(8)]
         assert got_n == want, (rt, kg, lane, j)
-    # the NVFP4 fields tile the word exactly
-    bits = sorted([s for s in F.NVFP4_SIGN_BIT] + [e + k for e in F.NVFP4_EM_BIT for k in range(3)])
-    assert bits == list(range(16))
+
+
+def _nvfp4_register(word, pieces):
+    """What _NVFP4_A's integer steps leave in one register (before the fma)."""
+    out = 0
+    for op, k, mask in pieces:
+        moved = {"shl": word << k, "shr": word >> k, "rotl": (word << k) | (word >> (32 - k))}[op]
+        out |= moved & 0xFFFFFFFF & mask
+    return out
+
+
+def test_nvfp4_decode_is_nine_integer_instructions():
+    """_NVFP4_A: per register one fma; the bits it moves tile the word (every
+    word bit reaches exactly one value's bit), in 9 integer instructions."""
+    body = [line.strip().split()[0] for line in F._NVFP4_A.splitlines()]
+    assert body.count("fma.rn.bf16x2") == 4
+    assert len([op for op in body if op not in ("fma.rn.bf16x2", "mov.b32")]) == 9
+    assert sorted(b for row in F.NVFP4_BIT_SOURCE for b in row) == list(range(32))
+    for bit in range(32):  # a single set bit lands in exactly one register field
+        fields = [_nvfp4_register(1 << bit, pieces) & 0x81C081C0 for pieces in F.NVFP4_PIECES]
+        assert sorted(bin(f).count("1") for f in fields) == [0, 0, 0, 1], bit
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "int4"])

@@ -62,21 +62,50 @@ from .fused_moe_w4a16 import FORMATS, W4A16Weights, _e4m3_to_f32, _fp4_val, _int
 # --------------------------------------------------------------------------
 
 
-# NVFP4 words: within each 16-bit half (low elements in bits 0-15, high elements
-# in 16-31), register a_r's sign bit and its 3 exponent/mantissa bits sit where
-# one or two shifts put them at bf16 bit 15 and bits 6-8 (see _NVFP4_A):
-# a0 needs none, a1 one, a2 and a3 two.
-NVFP4_SIGN_BIT = (15, 12, 13, 14)
-NVFP4_EM_BIT = (6, 3, 0, 9)
+# NVFP4 words: _NVFP4_A builds register a_r of the A fragment as the OR of
+# masked copies of the word (op, amount, mask), each putting bits at bf16 bit
+# 15 (sign) and bits 6-8 (exponent and mantissa) of both 16-bit halves (the
+# low and high value). frag_pack stores each value's bits where its register's
+# pieces take them from (NVFP4_BIT_SOURCE). a0 is the word masked, a1 and a2 one
+# copy each, a3 two: 9 integer instructions per word; 2-bit shifts are the
+# fewest that tile the word (no four rotations of one 4-bit pattern do).
+_NVFP4_FIELDS = 0x81C081C0  # bits 6-8 and 15 of each half
+NVFP4_PIECES = (
+    (("shl", 0, _NVFP4_FIELDS),),
+    (("shl", 6, _NVFP4_FIELDS),),
+    (("rotl", 12, _NVFP4_FIELDS),),
+    (("shl", 2, 0x80C080C0), ("shr", 6, 0x01000100)),
+)
+
+
+def _nvfp4_bit_source() -> tuple:
+    """For value i (= 4 hi + r) and nibble bit b (0: mantissa, 1-2: exponent,
+    3: sign): the word bit that a_r's pieces move to bf16 bit 6 + b (sign: 15)
+    of half hi."""
+    table = []
+    for i in range(8):
+        hi, r = divmod(i, 4)
+        row = []
+        for b in range(4):
+            dst = 16 * hi + (15 if b == 3 else 6 + b)
+            op, k, _ = next(pc for pc in NVFP4_PIECES[r] if pc[2] >> dst & 1)
+            src = {"shl": dst - k, "shr": dst + k, "rotl": (dst - k) % 32}[op]
+            assert 0 <= src < 32, (i, b, op, k)
+            row.append(src)
+        table.append(tuple(row))
+    assert sorted(p for row in table for p in row) == list(range(32)), "NVFP4 pieces must tile the word"
+    return tuple(table)
+
+
+NVFP4_BIT_SOURCE = _nvfp4_bit_source()
 
 
 def frag_pack(words: torch.Tensor, fmt: str) -> torch.Tensor:
     """int32 [E, N, K/8] (nibble i of word j = K index 8j + i) ->
     int32 [E, N/16, K/64, 32, 4] in the order described above. INT4 words hold
     register a_r's two values as nibbles r and r + 4; NVFP4 words put each
-    value's sign and exponent/mantissa bits at NVFP4_SIGN_BIT / NVFP4_EM_BIT
-    (+ 16 for the high value). One expert at a time, so the temporary is one
-    expert's nibbles."""
+    value's four bits where _NVFP4_A takes them from (NVFP4_BIT_SOURCE). One
+    expert at a time, so the temporary is one expert's nibbles."""
     E, N, KW = words.shape
     K = KW * 8
     assert N % 16 == 0 and K % 64 == 0, (N, K)
@@ -88,8 +117,8 @@ def frag_pack(words: torch.Tensor, fmt: str) -> torch.Tensor:
         n8 = nib.reshape(N, K).view(N // 16, 2, 8, K // 64, 4, 4, 2, 2)  # rt rh g kg q j ch hi
         n8 = n8.permute(0, 3, 2, 4, 5, 7, 6, 1)  # rt kg g q j | hi ch rh: value i = 4 hi + 2 ch + rh
         n8 = n8.reshape(N // 16, K // 64, 32, 4, 8).to(torch.int64)
-        if fmt == "nvfp4":
-            packed = ((n8 >> 3) << shifts[0]).sum(-1) + ((n8 & 7) << shifts[1]).sum(-1)
+        if fmt == "nvfp4":  # shifts [8 values, 4 nibble bits]
+            packed = (((n8[..., None] >> torch.arange(4, device=n8.device)) & 1) << shifts).sum((-1, -2))
         else:
             packed = (n8 << shifts).sum(-1)
         out[e] = torch.where(packed < 2**31, packed, packed - 2**32).to(torch.int32)
@@ -141,12 +170,10 @@ def frag_unpack_scales(sf: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def _bit_positions(fmt: str, device):
-    """Where value i (= 4 hi + r) of a word starts: INT4 nibble 4i; NVFP4 its
-    sign bit and its exponent/mantissa field."""
+    """Where value i (= 4 hi + r) of a word sits: INT4 nibble 4i; NVFP4
+    [8, 4], the word bit of each of its nibble's bits (NVFP4_BIT_SOURCE)."""
     if fmt == "nvfp4":
-        sign = torch.tensor([16 * (i // 4) + NVFP4_SIGN_BIT[i % 4] for i in range(8)], device=device)
-        em = torch.tensor([16 * (i // 4) + NVFP4_EM_BIT[i % 4] for i in range(8)], device=device)
-        return sign, em
+        return torch.tensor(NVFP4_BIT_SOURCE, device=device, dtype=torch.int64)
     return torch.arange(0, 32, 4, device=device, dtype=torch.int64)
 
 
@@ -160,7 +187,7 @@ def frag_unpack(frag: torch.Tensor, fmt: str) -> torch.Tensor:
     for e in range(E):
         w = frag[e].to(torch.int64).unsqueeze(-1) & 0xFFFFFFFF  # rt kg lane j | value
         if fmt == "nvfp4":
-            nib = (((w >> shifts[0]) & 1) << 3) | ((w >> shifts[1]) & 7)
+            nib = (((w[..., None] >> shifts) & 1) << torch.arange(4, device=w.device)).sum(-1)
         else:
             nib = (w >> shifts) & 0xF
         nib = nib.view(RT, KG, 8, 4, 4, 2, 2, 2)  # rt kg g q j hi ch rh
@@ -174,27 +201,35 @@ def frag_unpack(frag: torch.Tensor, fmt: str) -> torch.Tensor:
 # Inline PTX (GPU) and its interpreter equivalent
 # --------------------------------------------------------------------------
 
-# NVFP4: register a_r's two values (NVFP4_SIGN_BIT / NVFP4_EM_BIT) moved to bf16
-# bit 15 (sign) and bits 6-8 (exponent and mantissa): a bf16 of code * 2**-126 (a
+# NVFP4: register a_r's two values moved to bf16 bit 15 (sign) and bits 6-8
+# (exponent and mantissa) by NVFP4_PIECES: a bf16 of code * 2**-126 (a
 # subnormal for e = 0), then times the row's block scale * 2**119 in the same
-# fma: code * scale * 2**-7, exact (at most 6 significant bits). 15 instructions
-# per word.
-_NVFP4_A = """mov.b32 q, $W;
-        and.b32 u, q, 0x81C081C0;
-        fma.rn.bf16x2 a0, u, $SL, nz;
-        shl.b32 u, q, 3;
-        and.b32 u, u, 0x81C081C0;
-        fma.rn.bf16x2 a1, u, $SH, nz;
-        shl.b32 t, q, 6;
-        and.b32 t, t, 0x01C001C0;
-        shl.b32 u, q, 2;
-        lop3.b32 u, u, 0x80008000, t, 0xEA;
-        fma.rn.bf16x2 a2, u, $SL, nz;
-        shr.u32 t, q, 3;
-        and.b32 t, t, 0x01C001C0;
-        shl.b32 u, q, 1;
-        lop3.b32 u, u, 0x80008000, t, 0xEA;
-        fma.rn.bf16x2 a3, u, $SH, nz;"""
+# fma: code * scale * 2**-7, exact (at most 6 significant bits). 13
+# instructions per word.
+def _nvfp4_a() -> str:
+    ptx = {"shl": "shl.b32 {d}, q, {k};", "shr": "shr.u32 {d}, q, {k};", "rotl": "shf.l.wrap.b32 {d}, q, q, {k};"}
+    lines, copies = ["mov.b32 q, $W;"], {}
+    for r, pieces in enumerate(NVFP4_PIECES):
+        srcs = []
+        for op, k, mask in pieces:
+            if k == 0:
+                srcs.append(("q", mask))
+                continue
+            if (op, k) not in copies:
+                copies[(op, k)] = f"c{len(copies)}"
+                lines.append(ptx[op].format(d=copies[(op, k)], k=k))
+            srcs.append((copies[(op, k)], mask))
+        (src0, mask0), rest = srcs[0], srcs[1:]
+        if rest:  # (src0 & mask0) | (src1 & mask1)
+            lines.append(f"and.b32 t, {rest[0][0]}, {rest[0][1]:#010x};")
+            lines.append(f"lop3.b32 u, {src0}, {mask0:#010x}, t, 0xEA;")
+        else:
+            lines.append(f"and.b32 u, {src0}, {mask0:#010x};")
+        lines.append(f"fma.rn.bf16x2 a{r}, u, {'$SH' if r % 2 else '$SL'}, nz;")
+    return "\n        ".join(lines)
+
+
+_NVFP4_A = _nvfp4_a()
 # INT4: the word's nibbles 0-3 (bits 0-15) and 4-7 (bits 16-31), value i at
 # bits 4i. A bf16 whose low byte holds v (exponent field 0 or 1) is exactly
 # v * 2**-133, so masking nibbles i and i + 4 in place gives n * 2**-133 (bits
@@ -260,7 +295,7 @@ def _mma_asm(fmt: str, nt: int) -> str:
         mmas.append(f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{o}}}, {{a0, a1, a2, a3}}, {{{b}}}, "
                     f"{{{c}}};")
     return ("""{
-        .reg .b32 q, t, u, a0, a1, a2, a3, nz;
+        .reg .b32 q, t, u, c0, c1, c2, c3, a0, a1, a2, a3, nz;
         mov.b32 nz, 0x80008000;
         """ + body + "\n        " + "\n        ".join(mmas) + "\n        }")
 
@@ -313,9 +348,17 @@ def _mma_emulated(w, s_lo, s_hi, b0, b1, FMT: tl.constexpr, NW: tl.constexpr):
     hi = tl.arange(0, 2)[None, None, None, None, :]
     w6 = w3[:, None, :, None, :, None]  # warp rh g ch q hi
     if FMT == 0:
-        r = 2 * ch + rh  # register a_r; bit positions as NVFP4_SIGN_BIT / NVFP4_EM_BIT
-        sign = (w6 >> (16 * hi + 12 + (r + 3) % 4)[None]) & 1
-        nib = (sign << 3) | ((w6 >> (16 * hi + (18 - 3 * r) % 12)[None]) & 7)
+        # _NVFP4_A's integer steps (NVFP4_PIECES), then each half's bf16 sign
+        # bit and exponent/mantissa bits read back as the e2m1 code
+        q = w3.to(tl.int64) & 0xFFFFFFFF
+        a0 = q & 0x81C081C0
+        a1 = (q << 6) & 0x81C081C0
+        a2 = ((q << 12) | (q >> 20)) & 0x81C081C0
+        a3 = ((q << 2) & 0x80C080C0) | ((q >> 6) & 0x01000100)
+        reg = tl.where(ch == 0, tl.where(rh == 0, a0[:, None, :, None, :, None], a1[:, None, :, None, :, None]),
+                       tl.where(rh == 0, a2[:, None, :, None, :, None], a3[:, None, :, None, :, None]))
+        half = reg >> (16 * hi)[None]
+        nib = (((half >> 15) & 1) << 3) | ((half >> 6) & 7)
     else:
         nib = (w6 >> (4 * (4 * hi + 2 * ch + rh))[None]) & 0xF
     sl = tl.reshape(s_lo, (NW, 8, 4))[:, None, :, None, :, None]
