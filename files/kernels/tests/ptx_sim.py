@@ -1,5 +1,5 @@
 """A small interpreter for the inline PTX of the fragment kernel: 32-bit logic
-(mov, and, or, shl, shr, lop3), bf16x2 fma, the e4m3 scale conversions, and
+(mov, and, or, shl, shr, shf.l.wrap, prmt, lop3), bf16x2 fma, the e4m3 scale conversions, and
 mma.sync.m16n8k16 (bf16 in, fp32 accumulate) across a warp's 32 lanes. The
 Triton interpreter cannot run inline PTX, so without this the CPU tier never
 executes those strings; with it, the exact text the GPU compiles is run on CPU,
@@ -134,7 +134,7 @@ class PTX:
     """Runs a straight-line PTX block. `inputs` maps operand tokens (``$2``,
     ``$W``) to their register bits; after run(), ``regs`` holds every register."""
 
-    OPS = {"mov", "and", "or", "shl", "shr", "lop3", "fma", "cvt", "mul"}
+    OPS = {"mov", "and", "or", "shl", "shr", "shf", "prmt", "lop3", "fma", "cvt", "mul"}
 
     def __init__(self, asm: str, inputs: dict[str, int]):
         body = asm.strip()
@@ -194,6 +194,25 @@ class PTX:
         assert mods[0] in ("u32", "b32"), f"only logical shifts are modelled: shr.{mods[0]}"
         n = self.value(ops[2])
         self.regs[ops[0]] = self.value(ops[1]) >> n if n < 32 else 0
+
+    def _shf(self, mods, ops):  # funnel shift: the upper 32 bits of (b:a) << n
+        assert mods[:2] == ["l", "wrap"], f"shf.{'.'.join(mods)} not modelled"
+        d, a, b, n = ops
+        n = self.value(n) & 31
+        self.regs[d] = (((self.value(b) << 32 | self.value(a)) << n) >> 32) & MASK32
+
+    def _prmt(self, mods, ops):  # default mode: selector nibble i picks byte i of (b:a); bit 3 replicates its sign
+        assert mods == ["b32"], f"prmt.{'.'.join(mods)} not modelled"
+        d, a, b, c = ops
+        src, sel = (self.value(b) << 32) | self.value(a), self.value(c)
+        r = 0
+        for i in range(4):
+            nib = (sel >> (4 * i)) & 0xF
+            byte = (src >> (8 * (nib & 7))) & 0xFF
+            if nib & 8:
+                byte = 0xFF if byte & 0x80 else 0
+            r |= byte << (8 * i)
+        self.regs[d] = r
 
     def _lop3(self, mods, ops):
         d, a, b, c, lut = ops

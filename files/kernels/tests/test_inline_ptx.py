@@ -34,11 +34,12 @@ def rounded_bf16(v: Fraction) -> Fraction:
     return bf16_value(bf16_bits(v))
 
 
-def dequant_registers(fmt: str, word: int, s_lo: int, s_hi: int) -> list[int]:
+def dequant_registers(fmt: str, word: int, scale_regs: tuple) -> list[int]:
     """a0..a3 of the one-tile MMA asm for one lane, the MMA itself left out."""
     asm = F._mma_asm(fmt, 1).strip()[1:-1]
     body = ";".join(st for st in asm.split(";") if not st.strip().startswith("mma.sync"))
-    sim = PTX(body, {"$4": word & 0xFFFFFFFF, "$5": s_lo, "$6": s_hi}).run()
+    inputs = {"$4": word & 0xFFFFFFFF, **{f"${5 + i}": v for i, v in enumerate(scale_regs)}}
+    sim = PTX(body, inputs).run()
     return [sim.regs[f"a{r}"] for r in range(4)]
 
 
@@ -47,15 +48,19 @@ def nvfp4_scale_pairs(lo: int, hi: int) -> tuple[int, int]:
     return sim.regs["$0"], sim.regs["$1"]
 
 
-def int4_scale_pair(bits: int) -> int:
-    return bits | (bits << 16)  # _scale_pairs on the GPU: {s, s}
+def int4_scale_registers(s_g: int, s_g8: int) -> tuple[int, int, int, int]:
+    """_INT4_SCALES on a lane's fragment, as frag_pack_scales stores the bf16
+    scales of rows g and g + 8 (times 2**133 and 2**129)."""
+    frag = bf16_bits(bf16_value(s_g) * Fraction(2) ** 133) | (bf16_bits(bf16_value(s_g8) * Fraction(2) ** 129) << 16)
+    sim = PTX(F._INT4_SCALES, {"$4": frag}).run()
+    return tuple(sim.regs[f"${i}"] for i in range(4))
 
 
-def lane_scales(fmt: str, scale_raw: list[int], g: int) -> tuple[int, int]:
+def lane_scales(fmt: str, scale_raw: list[int], g: int) -> tuple:
     """The scale registers of lanes 4g .. 4g + 3 (rows g and g + 8), as the kernel
     makes them from the raw scales (bf16 bits for INT4, e4m3 bytes for NVFP4)."""
     if fmt == "int4":
-        return int4_scale_pair(scale_raw[g]), int4_scale_pair(scale_raw[g + 8])
+        return int4_scale_registers(scale_raw[g], scale_raw[g + 8])
     return nvfp4_scale_pairs(scale_raw[g], scale_raw[g + 8])
 
 
@@ -78,8 +83,9 @@ def test_e4m3_scale_conversion_is_exact_for_every_byte():
 
 
 def _random_bf16_scale(rng: random.Random) -> int:
-    """A positive bf16 scale (normal, exponent 2**-30 .. 2**3) with a random mantissa."""
-    return ((rng.randint(127 - 30, 127 + 3)) << 7) | rng.randint(0, 127)
+    """A bf16 scale of either sign (normal, exponent 2**-30 .. 2**-6, below the
+    INT4 fragments' 2**-5) with a random mantissa."""
+    return (rng.randint(0, 1) << 15) | ((rng.randint(127 - 30, 127 - 6)) << 7) | rng.randint(0, 127)
 
 
 @pytest.mark.parametrize("fmt", ["int4", "nvfp4"])
@@ -98,9 +104,9 @@ def test_dequantised_fragment_matches_reference(fmt, seed):
     seen = set()
     for lane in range(32):
         g, q = divmod(lane, 4)
-        s_lo, s_hi = lane_scales(fmt, scale_raw, g)
+        scale_regs = lane_scales(fmt, scale_raw, g)
         for j in range(4):
-            regs = dequant_registers(fmt, int(packed[lane, j]), s_lo, s_hi)
+            regs = dequant_registers(fmt, int(packed[lane, j]), scale_regs)
             for r in range(4):
                 rh, ch = r & 1, r >> 1
                 for half in range(2):
@@ -136,7 +142,7 @@ def test_whole_mma_asm_computes_one_k_group(fmt, nt):
     codes, packed = packed_tile(fmt, rows, cols)
     x = [[Fraction(rng.randint(-4, 4)) for _ in range(cols)] for _ in range(tokens)]
     if fmt == "int4":
-        scale_raw = [bf16_bits(Fraction(2) ** -rng.randint(0, 4)) for _ in range(rows)]
+        scale_raw = [bf16_bits(Fraction(2) ** -rng.randint(6, 10)) for _ in range(rows)]
         scale = [bf16_value(b) for b in scale_raw]
         weight = [[(int(codes[m, k]) - 8) * scale[m] for k in range(cols)] for m in range(rows)]
     else:
@@ -150,15 +156,17 @@ def test_whole_mma_asm_computes_one_k_group(fmt, nt):
         inputs = []
         for lane in range(32):
             g, q = divmod(lane, 4)
-            s_lo, s_hi = lane_scales(fmt, scale_raw, g)
-            regs = {f"${n_out}": int(packed[lane, j]) & 0xFFFFFFFF, f"${n_out + 1}": s_lo, f"${n_out + 2}": s_hi}
+            scale_regs = lane_scales(fmt, scale_raw, g)  # the word's operand, then these
+            b = n_out + 1 + len(scale_regs)  # the first B operand
+            regs = {f"${n_out}": int(packed[lane, j]) & 0xFFFFFFFF}
+            regs.update({f"${n_out + 1 + i}": v for i, v in enumerate(scale_regs)})
             for t in range(nt):  # the token of this lane in n8 tile t: 8 t + g
                 row = x[8 * t + g]
                 b0 = 8 * q + 2 * j  # int32 index within the group: bf16 elements 2 b0, 2 b0 + 1
-                regs[f"${n_out + 3 + 2 * t}"] = _bf16_pair(row[2 * b0], row[2 * b0 + 1])
-                regs[f"${n_out + 4 + 2 * t}"] = _bf16_pair(row[2 * b0 + 2], row[2 * b0 + 3])
+                regs[f"${b + 2 * t}"] = _bf16_pair(row[2 * b0], row[2 * b0 + 1])
+                regs[f"${b + 1 + 2 * t}"] = _bf16_pair(row[2 * b0 + 2], row[2 * b0 + 3])
             for i in range(n_out):
-                regs[f"${n_out + 3 + 2 * nt + i}"] = acc[lane][i]
+                regs[f"${b + 2 * nt + i}"] = acc[lane][i]
             inputs.append(regs)
         out = run_warp(F._mma_asm(fmt, nt), inputs)
         acc = [[out[lane][f"${i}"] for i in range(n_out)] for lane in range(32)]

@@ -375,11 +375,12 @@ class W4A16Weights:
     compressed-tensors' [E, K/8, N] repacked by make_weights); any strides work,
     rows of contiguous words are what the decode kernel reads fastest;
     s: scales [E, N, K/group] with arbitrary strides (uint8 e4m3 bits or bf16);
-    g: fp32 per-expert global scale [E] (ones for int4; packed INT4 weights whose
-    scales reach 2**-5 hold them divided by a power of two, which g carries).
+    g: fp32 per-expert global scale [E] (ones for int4).
     packed: w13/w2 are in fused_moe_w4a16_frag's fragment order
     ([E, N/16, K/64, 32, 4]) and s13/s2 its scale fragments ([E, N/16, K/64,
     32] int16, frag_pack_scales); scales() gives the checkpoint layout back.
+    shift13/shift2: packed INT4 scale fragments hold the scales divided by
+    2**shift (int4_headroom; the kernel multiplies its sums back).
     """
 
     fmt: str
@@ -390,6 +391,8 @@ class W4A16Weights:
     s2: torch.Tensor
     g2: torch.Tensor
     packed: bool = False
+    shift13: int = 0
+    shift2: int = 0
 
     @property
     def num_experts(self) -> int:
@@ -420,7 +423,9 @@ class W4A16Weights:
             return s
         from .fused_moe_w4a16_frag import frag_unpack_scales
 
-        return frag_unpack_scales(s, self.fmt)
+        shift = self.shift13 if which == "s13" else self.shift2
+        out = frag_unpack_scales(s, self.fmt)
+        return out if shift == 0 else (out.float() * 2.0**shift).to(out.dtype)
 
 
 def _as_words(w: torch.Tensor, kn: bool) -> torch.Tensor:
@@ -460,7 +465,8 @@ def make_weights(fmt, w13, s13, w2, s2, g13=None, g2=None, kn=False, pack=True) 
 
         w13v, w2v = frag_pack(w13v, fmt), frag_pack(w2v, fmt)
         # INT4 scale fragments need |s| < 2**-5 (frag_pack_scales): larger
-        # scales are divided by a power of two that the global scale carries
+        # scales are stored divided by a power of two, which the kernel
+        # multiplies its sums by
         j13, j2 = (int4_headroom(s13v), int4_headroom(s2v)) if fmt == "int4" else (0, 0)
         s13v = frag_pack_scales(s13v if j13 == 0 else (s13v.float() * 2.0**-j13).to(s13v.dtype), fmt)
         s2v = frag_pack_scales(s2v if j2 == 0 else (s2v.float() * 2.0**-j2).to(s2v.dtype), fmt)
@@ -473,9 +479,9 @@ def make_weights(fmt, w13, s13, w2, s2, g13=None, g2=None, kn=False, pack=True) 
         g13 = torch.ones(e, dtype=torch.float32, device=dev)
     if g2 is None:
         g2 = torch.ones(e, dtype=torch.float32, device=dev)
-    g13 = (g13.reshape(e, -1)[:, 0].float() * 2.0**j13).contiguous()
-    g2 = (g2.reshape(e, -1)[:, 0].float() * 2.0**j2).contiguous()
-    return W4A16Weights(fmt, w13v, s13v, g13, w2v, s2v, g2, packed=pack)
+    g13 = g13.reshape(e, -1)[:, 0].float().contiguous()
+    g2 = g2.reshape(e, -1)[:, 0].float().contiguous()
+    return W4A16Weights(fmt, w13v, s13v, g13, w2v, s2v, g2, packed=pack, shift13=j13, shift2=j2)
 
 
 def _use_asm() -> bool:

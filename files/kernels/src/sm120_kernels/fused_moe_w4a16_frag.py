@@ -263,7 +263,8 @@ _INT4_SCALES = """{
             }"""
 # INT4 scale fragments hold s * 2**133 (rows g) and s * 2**129 (rows g + 8) as
 # bf16, which needs |s| < 2**-5; make_weights divides a layer's scales by
-# 2**int4_headroom(s) and puts that power of two in the global scale.
+# 2**int4_headroom(s) (W4A16Weights.shift13 / shift2), and the kernel multiplies
+# its sums by that power of two (g_mult).
 INT4_ROW_SHIFT = (133, 129)
 
 
@@ -1319,11 +1320,12 @@ def direct_split(top_k: int, tiles: int, sms: int, cfg: dict) -> int:
 
 
 def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
-               rsf=1.0, direct=False, launch_dependents=False, wait_prior=False):
+               rsf=1.0, direct=False, launch_dependents=False, wait_prior=False, scale_shift=0):
     """One GEMM launch. align: moe_align's (sorted ids, expert ids, count);
     direct: one token, align = (its top-k ids,) * 3 (see the kernel's DIRECT).
     launch_dependents: let the next launch start now (one token's gate/up
-    before a dependent down GEMM, dependent_down)."""
+    before a dependent down GEMM, dependent_down). scale_shift: the INT4
+    scale fragments' power of two (W4A16Weights.shift13 / shift2)."""
     sorted_ids, expert_ids, _ = align
     E, RT, KG = Wf.shape[:3]
     assert cfg.get("kernel") == "frag", f"packed weights need a fragment-kernel config, not {cfg}"
@@ -1357,7 +1359,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         x, Wf, s, g, out, tw, sorted_ids, expert_ids, align[2],
         num_valid, top_k, KG,
         x.stride(0) // 2, Wf.stride(0), Wf.stride(1), s.stride(0), s.stride(1), out.stride(0),
-        (RT // 2) if gated else 0, 128.0 if (fmt == "nvfp4" and not _interpreting()) else 1.0,
+        (RT // 2) if gated else 0, (128.0 if (fmt == "nvfp4" and not _interpreting()) else 1.0) * 2.0**scale_shift,
         float(swiglu_limit or 0.0), float(rsf), E,
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
         NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=depth, EVEN_K=KG % (nw * depth) == 0,
@@ -1401,20 +1403,22 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
         inter = torch.empty((k * bm, I), dtype=torch.bfloat16, device=x.device)
         _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, ids, k, I, weights.fmt,
                    cfg["gate_up"], True, False, swiglu_limit, num_valid, direct=True,
-                   launch_dependents=dependent_down(cfg["down"], weights.w2.shape[2], x.device))
+                   launch_dependents=dependent_down(cfg["down"], weights.w2.shape[2], x.device),
+                   scale_shift=weights.shift13)
         if out is None:
             out = torch.empty((T, H), dtype=torch.bfloat16, device=x.device)
         _frag_gemm(inter, weights.w2, weights.s2, weights.g2, out, topk_weights, ids, k, H, weights.fmt,
-                   cfg["down"], False, True, None, num_valid, rsf=routed_scaling_factor, direct=True)
+                   cfg["down"], False, True, None, num_valid, rsf=routed_scaling_factor, direct=True,
+                   scale_shift=weights.shift2)
         return out
     dep = dependent_launches(cfg, x.device)
     align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep)
     inter = torch.empty((align[0].shape[0], I), dtype=torch.bfloat16, device=x.device)
     _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, align, k, I, weights.fmt,
                cfg["gate_up"], True, False, swiglu_limit, num_valid, launch_dependents="down" in dep,
-               wait_prior="gate_up" in dep)
+               wait_prior="gate_up" in dep, scale_shift=weights.shift13)
     buf = torch.empty((num_valid, H), dtype=torch.float32, device=x.device)
     _frag_gemm(inter, weights.w2, weights.s2, weights.g2, buf, topk_weights, align, k, H, weights.fmt,
                cfg["down"], False, True, None, num_valid, launch_dependents="combine" in dep,
-               wait_prior="down" in dep)
+               wait_prior="down" in dep, scale_shift=weights.shift2)
     return combine(buf, topk_ids, E, routed_scaling_factor, out, wait_prior="combine" in dep)
