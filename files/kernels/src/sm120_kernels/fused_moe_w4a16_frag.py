@@ -125,6 +125,26 @@ def frag_pack(words: torch.Tensor, fmt: str) -> torch.Tensor:
     return out
 
 
+# INT4 scale fragments hold s * 2**133 (rows g) and s * 2**129 (rows g + 8) as
+# bf16, which needs |s| < 2**-5; make_weights divides a layer's scales by
+# 2**int4_headroom(s) (W4A16Weights.shift13 / shift2), and the kernel multiplies
+# its sums by that power of two (g_mult).
+INT4_ROW_SHIFT = (133, 129)
+
+
+def int4_headroom(s: torch.Tensor) -> int:
+    """The power of two j such that every INT4 scale / 2**j is below 2**-5 in
+    magnitude (0 for every real checkpoint seen: group scales are ~1e-3)."""
+    top = float(s.float().abs().max()) if s.numel() else 0.0
+    if top < 2.0**-5:
+        return 0
+    return int(torch.floor(torch.log2(torch.tensor(top)))) + 6
+
+def _times_pow2(t: torch.Tensor, k: int) -> torch.Tensor:
+    """t * 2**k in two exact steps (2**133 is not a finite fp32)."""
+    return t * 2.0 ** (k // 2) * 2.0 ** (k - k // 2)
+
+
 def frag_pack_scales(s: torch.Tensor, fmt: str) -> torch.Tensor:
     """Block scales [E, N, G] (e4m3 bytes as uint8, or bf16) -> int16
     [E, N/16, K/64, 32]: what lane (g, q) of row tile rt needs for K group kg,
@@ -144,11 +164,10 @@ def frag_pack_scales(s: torch.Tensor, fmt: str) -> torch.Tensor:
         out = b[:, :, 0] | (b[:, :, 1] << 8)  # e rt g kg q
         out = out.permute(0, 1, 3, 2, 4)  # e rt kg g q
     else:
-        top = float(s.float().abs().max()) if s.numel() else 0.0
-        assert top < 2.0**-5, (f"INT4 scales up to {top}: divide them by 2**int4_headroom(s) first "
-                               "(make_weights does, and multiplies the global scale by it)")
+        assert int4_headroom(s) == 0, (f"INT4 scales up to {float(s.float().abs().max())}: divide them by "
+                                       "2**int4_headroom(s) first (make_weights does: W4A16Weights.shift13 / shift2)")
         f = s.float().view(E, N // 16, 2, 8, G)  # rt rh g group
-        f = torch.stack((f[:, :, 0] * 2.0**66 * 2.0**67, f[:, :, 1] * 2.0**64 * 2.0**65), dim=2)
+        f = torch.stack([_times_pow2(f[:, :, rh], k) for rh, k in enumerate(INT4_ROW_SHIFT)], dim=2)
         b = f.to(torch.bfloat16).view(torch.int16).view(E, N // 16, 2, 8, KG, 2)  # rt rh g kg qh
         out = b.permute(0, 1, 4, 3, 5, 2)  # e rt kg g qh rh: lane q = 2 qh + rh
     out = out.reshape(E, N // 16, KG, 32)
@@ -165,7 +184,7 @@ def frag_unpack_scales(sf: torch.Tensor, fmt: str) -> torch.Tensor:
         return out.reshape(E, RT * 16, KG * 4).to(torch.uint8)
     v = v.view(E, RT, KG, 8, 2, 2).permute(0, 1, 5, 3, 2, 4)  # e rt rh g kg qh
     f = torch.where(v >= 2**15, v - 2**16, v).to(torch.int16).view(torch.bfloat16).float()
-    f = torch.stack((f[:, :, 0] * 2.0**-66 * 2.0**-67, f[:, :, 1] * 2.0**-64 * 2.0**-65), dim=2)
+    f = torch.stack([_times_pow2(f[:, :, rh], -k) for rh, k in enumerate(INT4_ROW_SHIFT)], dim=2)
     return f.reshape(E, RT * 16, KG * 2).to(torch.bfloat16)
 
 
@@ -261,22 +280,6 @@ _INT4_SCALES = """{
             fma.rn.bf16x2 $2, $0, mlo, nz;
             fma.rn.bf16x2 $3, $1, mhi, nz;
             }"""
-# INT4 scale fragments hold s * 2**133 (rows g) and s * 2**129 (rows g + 8) as
-# bf16, which needs |s| < 2**-5; make_weights divides a layer's scales by
-# 2**int4_headroom(s) (W4A16Weights.shift13 / shift2), and the kernel multiplies
-# its sums by that power of two (g_mult).
-INT4_ROW_SHIFT = (133, 129)
-
-
-def int4_headroom(s: torch.Tensor) -> int:
-    """The power of two j such that every INT4 scale / 2**j is below 2**-5 in
-    magnitude (0 for every real checkpoint seen: group scales are ~1e-3)."""
-    top = float(s.float().abs().max()) if s.numel() else 0.0
-    if top < 2.0**-5:
-        return 0
-    return int(torch.floor(torch.log2(torch.tensor(top)))) + 6
-
-
 def _mma_asm(fmt: str, nt: int) -> str:
     """One word -> scaled A fragment, then nt m16n8k16 MMAs accumulating.
     Operands: outputs $0 .. $(4nt - 1); inputs: the word, the two rows' scale
