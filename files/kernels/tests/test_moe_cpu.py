@@ -258,7 +258,7 @@ def test_int4_scale_fragments_refuse_scales_without_headroom():
     assert [F.int4_headroom(torch.tensor([v])) for v in (0.0, 0.031, 2.0**-5, -0.05, 0.5, 3.0)] == [0, 0, 1, 1, 5, 7]
 
 
-def test_int4_large_scales_move_into_the_global_scale(interpret):
+def test_int4_large_scales_are_stored_shifted(interpret):
     """make_weights stores INT4 scales of 2**-5 and above divided by a power of
     two, which the kernel multiplies its sums by: scales() gives the original
     scales back, and the kernel's output is that of the original scales."""
