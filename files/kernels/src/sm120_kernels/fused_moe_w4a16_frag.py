@@ -483,36 +483,20 @@ def _ld_scale(p, FMT: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _scale_rows(v, FMT: tl.constexpr):
-    """A lane's scale fragment (_ld_scale) -> the raw scales of its rows g and
-    g + 8."""
-    if FMT == 0:
-        return v & 0xFF, v >> 8
-    return v & 0xFFFF, (v >> 16) & 0xFFFF
-
-
-@triton.jit
-def _scale_pairs(lo, hi, ok, FMT: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
-    """Raw scales of rows g and g + 8 -> what _mma multiplies the A pairs by:
-    on the GPU bf16x2 {s, s} (NVFP4: s * 2**119, exact; the global scale takes
-    2**-119 * 2**126 = 2**7), in the interpreter fp32 s (INT4: the fragment's
-    S / 2**133 and S / 2**129, INT4_ROW_SHIFT). Zero for a clamped group (not
-    ok). INT4 on the GPU: _int4_scales."""
+def _nvfp4_scales(v, ok, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
+    """An NVFP4 lane's scale fragment (_ld_scale: the e4m3 bytes of rows g and
+    g + 8) -> what _mma multiplies the A pairs by: on the GPU bf16x2 {s, s}
+    times 2**119, exact (the global scale takes 2**-119 * 2**126 = 2**7), in
+    the interpreter fp32 s. Zero for a clamped group (not ok)."""
+    lo = v & 0xFF
+    hi = v >> 8
     if INTERP:
-        if FMT == 0:
-            a = _e4m3_to_f32(lo)
-            b = _e4m3_to_f32(hi)
-        else:  # two steps: 2**-133 is not a normal fp32
-            a = (lo << 16).to(tl.float32, bitcast=True) * 2.0**-66 * 2.0**-67
-            b = (hi << 16).to(tl.float32, bitcast=True) * 2.0**-64 * 2.0**-65
-        if not EVEN_K:
-            a = tl.where(ok, a, 0.0)
-            b = tl.where(ok, b, 0.0)
-        return a, b
-    tl.static_assert(FMT == 0, "INT4 scales decode through _int4_scales on the GPU")
-    a, b = tl.inline_asm_elementwise(
-        asm=_ASM_E4M3_PAIRS, constraints="=r,=r,r,r", args=[lo, hi], dtype=(tl.int32, tl.int32), is_pure=True,
-        pack=1)
+        a = _e4m3_to_f32(lo)
+        b = _e4m3_to_f32(hi)
+    else:
+        a, b = tl.inline_asm_elementwise(
+            asm=_ASM_E4M3_PAIRS, constraints="=r,=r,r,r", args=[lo, hi], dtype=(tl.int32, tl.int32), is_pure=True,
+            pack=1)
     if not EVEN_K:
         a = tl.where(ok, a, 0)
         b = tl.where(ok, b, 0)
@@ -520,13 +504,20 @@ def _scale_pairs(lo, hi, ok, FMT: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl
 
 
 @triton.jit
-def _int4_scales(v, ok, EVEN_K: tl.constexpr):
+def _int4_scales(v, ok, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
     """An INT4 lane's scale fragment (_ld_scale: S of rows g and g + 8) ->
-    bf16x2 {S_g, S_g}, {S_g8, S_g8} and the -8 s pairs (_INT4_SCALES), zero
-    for a clamped group (not ok)."""
-    a, b, ca, cb = tl.inline_asm_elementwise(
-        asm=_ASM_INT4_SCALES, constraints="=r,=r,=r,=r,r", args=[v], dtype=(tl.int32,) * 4, is_pure=True,
-        pack=1)
+    on the GPU bf16x2 {S_g, S_g}, {S_g8, S_g8} and the -8 s pairs
+    (_INT4_SCALES); in the interpreter fp32 s of both rows (S / 2**133 and
+    S / 2**129, INT4_ROW_SHIFT), twice. Zero for a clamped group (not ok)."""
+    if INTERP:  # two steps: 2**-133 is not a normal fp32
+        a = ((v & 0xFFFF) << 16).to(tl.float32, bitcast=True) * 2.0**-66 * 2.0**-67
+        b = (v & -65536).to(tl.float32, bitcast=True) * 2.0**-64 * 2.0**-65
+        ca = a
+        cb = b
+    else:
+        a, b, ca, cb = tl.inline_asm_elementwise(
+            asm=_ASM_INT4_SCALES, constraints="=r,=r,=r,=r,r", args=[v], dtype=(tl.int32,) * 4, is_pure=True,
+            pack=1)
     if not EVEN_K:
         a = tl.where(ok, a, 0)
         b = tl.where(ok, b, 0)
@@ -762,13 +753,12 @@ def _load_tile(wp, sp, kg, FMT: tl.constexpr, INTERP: tl.constexpr):
 def _decode_tile(raw, ok, FMT: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
     """A row tile's loads with its scale fragment decoded (_mma's s_lo, s_hi,
     c_lo, c_hi in place of the raw fragment; c: INT4 only)."""
-    if FMT == 1 and not INTERP:
-        s_lo, s_hi, c_lo, c_hi = _int4_scales(raw[4], ok, EVEN_K)
-    else:
-        lo, hi = _scale_rows(raw[4], FMT)
-        s_lo, s_hi = _scale_pairs(lo, hi, ok, FMT, EVEN_K, INTERP)
+    if FMT == 0:
+        s_lo, s_hi = _nvfp4_scales(raw[4], ok, EVEN_K, INTERP)
         c_lo = s_lo
         c_hi = s_hi
+    else:
+        s_lo, s_hi, c_lo, c_hi = _int4_scales(raw[4], ok, EVEN_K, INTERP)
     return (raw[0], raw[1], raw[2], raw[3], s_lo, s_hi, c_lo, c_hi)
 
 
