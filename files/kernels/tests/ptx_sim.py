@@ -1,5 +1,5 @@
 """A small interpreter for the inline PTX of the fragment kernel: 32-bit logic
-(mov, and, or, shl, shr, shf.l.wrap, prmt, lop3), bf16x2 fma, the e4m3 scale conversions, and
+(mov, and, or, shl, shr, shf.l.wrap, prmt, lop3, mad.lo), bf16x2 fma, the e4m3 scale conversions, and
 mma.sync.m16n8k16 (bf16 in, fp32 accumulate) across a warp's 32 lanes. The
 Triton interpreter cannot run inline PTX, so without this the CPU tier never
 executes those strings; with it, the exact text the GPU compiles is run on CPU,
@@ -134,7 +134,7 @@ class PTX:
     """Runs a straight-line PTX block. `inputs` maps operand tokens (``$2``,
     ``$W``) to their register bits; after run(), ``regs`` holds every register."""
 
-    OPS = {"mov", "and", "or", "shl", "shr", "shf", "prmt", "lop3", "fma", "cvt", "mul"}
+    OPS = {"mov", "and", "or", "shl", "shr", "shf", "prmt", "lop3", "mad", "fma", "cvt", "mul"}
 
     def __init__(self, asm: str, inputs: dict[str, int]):
         body = asm.strip()
@@ -222,6 +222,11 @@ class PTX:
             idx = (((a >> bit) & 1) << 2) | (((b >> bit) & 1) << 1) | ((c >> bit) & 1)
             r |= ((lut >> idx) & 1) << bit
         self.regs[d] = r
+
+    def _mad(self, mods, ops):  # the low 32 bits of a * b + c
+        assert mods in (["lo", "u32"], ["lo", "s32"]), f"mad.{'.'.join(mods)} not modelled"
+        d, a, b, c = ops
+        self.regs[d] = (self.value(a) * self.value(b) + self.value(c)) & MASK32
 
     # floating point
     def _fma(self, mods, ops):

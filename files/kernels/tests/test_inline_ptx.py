@@ -43,17 +43,19 @@ def dequant_registers(fmt: str, word: int, scale_regs: tuple) -> list[int]:
     return [sim.regs[f"a{r}"] for r in range(4)]
 
 
-def nvfp4_scale_pairs(lo: int, hi: int) -> tuple[int, int]:
-    sim = PTX(F._E4M3_PAIRS, {"$2": lo, "$3": hi}).run()
-    return sim.regs["$0"], sim.regs["$1"]
+def nvfp4_scale_register(lo: int, hi: int) -> int:
+    """_NVFP4_SCALES on a lane's fragment, as frag_pack_scales stores the e4m3
+    scales of rows g (lo) and g + 8 (hi)."""
+    code = [int(F._NVFP4_SCALE_ENCODE[b]) for b in (lo, hi)]
+    assert min(code) >= 0, (lo, hi)
+    return PTX(F._NVFP4_SCALES, {"$1": code[0] | (code[1] << 8)}).run().regs["$0"]
 
 
-def int4_scale_registers(s_g: int, s_g8: int) -> tuple[int, int, int, int]:
-    """_INT4_SCALES on a lane's fragment, as frag_pack_scales stores the bf16
-    scales of rows g and g + 8 (times 2**133 and 2**129)."""
+def int4_scale_registers(s_g: int, s_g8: int) -> tuple[int, int]:
+    """The INT4 scale fragment as frag_pack_scales stores the bf16 scales of rows
+    g and g + 8 (times 2**133 and 2**129), and _INT4_SCALES's -8 s from it."""
     frag = bf16_bits(bf16_value(s_g) * Fraction(2) ** 133) | (bf16_bits(bf16_value(s_g8) * Fraction(2) ** 129) << 16)
-    sim = PTX(F._INT4_SCALES, {"$4": frag}).run()
-    return tuple(sim.regs[f"${i}"] for i in range(4))
+    return frag, PTX(F._INT4_SCALES, {"$1": frag}).run().regs["$0"]
 
 
 def lane_scales(fmt: str, scale_raw: list[int], g: int) -> tuple:
@@ -61,7 +63,7 @@ def lane_scales(fmt: str, scale_raw: list[int], g: int) -> tuple:
     makes them from the raw scales (bf16 bits for INT4, e4m3 bytes for NVFP4)."""
     if fmt == "int4":
         return int4_scale_registers(scale_raw[g], scale_raw[g + 8])
-    return nvfp4_scale_pairs(scale_raw[g], scale_raw[g + 8])
+    return (nvfp4_scale_register(scale_raw[g], scale_raw[g + 8]),)
 
 
 def packed_tile(fmt: str, rows: int, cols: int):
@@ -73,13 +75,30 @@ def packed_tile(fmt: str, rows: int, cols: int):
     return codes, F.frag_pack(words.unsqueeze(0), fmt)[0, 0, 0]
 
 
-def test_e4m3_scale_conversion_is_exact_for_every_byte():
-    bytes_ = [b for b in range(256) if b & 0x7F != 0x7F]  # all but the two NaNs
+def test_nvfp4_scale_decode_is_exact_for_every_e4m3_scale():
+    """frag_pack_scales' code and _NVFP4_SCALES give s * 2**119 exactly for every
+    non-negative e4m3 scale, subnormals included, in the half of its row; -0
+    gives a scale whose products with every code are zero."""
+    bytes_ = [b for b in range(0x7F)] + [0x80]  # every non-negative e4m3 but NaN, and -0
     for lo, hi in zip(bytes_, reversed(bytes_)):
-        p_lo, p_hi = nvfp4_scale_pairs(lo, hi)
-        for pair, byte in ((p_lo, lo), (p_hi, hi)):
-            want = e4m3_value(byte) * NVFP4_SCALE_SHIFT
-            assert bf16_value(pair & 0xFFFF) == want and bf16_value(pair >> 16) == want, (hex(byte), hex(pair))
+        reg = nvfp4_scale_register(lo, hi)
+        for half, byte in ((reg & 0xFFFF, lo), (reg >> 16, hi)):
+            if byte == 0x80:
+                for mag in range(8):  # code * 2**-126 times S rounds to zero
+                    sim = PTX("fma.rn.bf16x2 d, u, s, nz", {"u": mag << 6, "s": half, "nz": 0x8000}).run()
+                    assert bf16_value(sim.regs["d"] & 0xFFFF) == 0, (hex(half), mag)
+                continue
+            assert bf16_value(half) == e4m3_value(byte) * NVFP4_SCALE_SHIFT, (hex(byte), hex(half))
+
+
+def test_nvfp4_scale_decode_is_two_instructions():
+    """Per K group: one prmt and one multiply-add for both rows' scales."""
+    ops = [st.split()[0] for st in F._NVFP4_SCALES.strip("{} \n").split(";") if st.strip()
+           and not st.strip().startswith(".reg")]
+    assert ops == ["prmt.b32", "mad.lo.u32"], ops
+    ops4 = [st.split()[0] for st in F._INT4_SCALES.strip("{} \n").split(";") if st.strip()
+            and not st.strip().startswith((".reg", "mov"))]
+    assert ops4 == ["fma.rn.bf16x2"], ops4
 
 
 def _random_bf16_scale(rng: random.Random) -> int:
@@ -100,6 +119,7 @@ def test_dequantised_fragment_matches_reference(fmt, seed):
         scale = [bf16_value(b) for b in scale_raw]
     else:
         scale_raw = [rng.randint(0, 0x7E) for _ in range(rows)]
+        scale_raw[3], scale_raw[10], scale_raw[12] = 0, 0x80, 0x01  # zero, -0, the smallest subnormal
         scale = [e4m3_value(b) for b in scale_raw]
     seen = set()
     for lane in range(32):

@@ -214,15 +214,16 @@ def test_nvfp4_decode_is_nine_integer_instructions():
 def test_frag_pack_scales_layout(fmt):
     """frag_pack_scales gives lane (g, q) of row tile rt and K group kg the
     scales it multiplies by (NVFP4: rows g and g + 8 of group 4 kg + q as the
-    low and high byte; INT4: row g + 8 (q & 1) of group 2 kg + q // 2, the other
+    low and high byte, each e4m3 scale as the code _NVFP4_SCALES decodes; INT4: row g + 8 (q & 1) of group 2 kg + q // 2, the other
     row being lane q ^ 1's, as the bf16 of s * 2**133 for rows g and s * 2**129
     for rows g + 8), keeps the size, and round-trips exactly."""
     g = torch.Generator().manual_seed(1)
     E, N, K = 2, 32, 128
     per_kg = 4 if fmt == "nvfp4" else 2
     raw = torch.randint(0, 2**16, (E, N, K // 64 * per_kg), generator=g, dtype=torch.int32)
-    if fmt == "nvfp4":  # any bytes
-        s = raw.to(torch.uint8)
+    if fmt == "nvfp4":  # any non-negative e4m3 (zeros, subnormals, the largest) and -0
+        s = (raw % 0x7F).to(torch.uint8)
+        s[0, 0, 0], s[0, 1, 1], s[1, 2, 3], s[1, 3, 0] = 0x80, 0x01, 0x7E, 0x00
     else:  # any bf16 below 2**-5 in magnitude: signs, zeros, subnormals, the largest
         mag = (raw & 0x7FFF) % 0x3D00
         s = torch.where(raw >= 2**15, mag | -2**15, mag).to(torch.int16).view(torch.bfloat16)
@@ -235,7 +236,9 @@ def test_frag_pack_scales_layout(fmt):
     back = F.frag_unpack_scales(sf, fmt)
     assert back.dtype == s.dtype and torch.equal(back.view(torch.uint8), s.view(torch.uint8))
     if fmt == "nvfp4":
-        bits = s.view(torch.uint8).to(torch.int32)
+        bits = F._NVFP4_SCALE_ENCODE[s.to(torch.long)]
+        assert bits.min() >= 0
+        assert (s.to(torch.int32) + 16 == bits)[(s >= 8) & (s < 0x7F)].all()  # normal scales: e4m3 + 16
     else:
         rows = torch.arange(N)[None, :, None] % 16 < 8
         shifted = torch.where(rows, s.double() * 2.0**133, s.double() * 2.0**129)
@@ -249,6 +252,16 @@ def test_frag_pack_scales_layout(fmt):
         else:
             want = int(bits[e, 16 * rt + gi + 8 * (q & 1), 2 * kg + q // 2])
         assert got == want, (fmt, e, rt, kg, lane)
+
+
+@pytest.mark.parametrize("byte", [0x81, 0xB8, 0xFE, 0x7F, 0xFF])
+def test_nvfp4_scale_fragments_refuse_negative_and_nan_scales(byte):
+    """NVFP4 block scales are unsigned e4m3: a negative or NaN one is refused
+    with the fix, before anything is packed."""
+    s = torch.full((1, 16, 4), 0x38, dtype=torch.uint8)
+    s[0, 7, 2] = byte
+    with pytest.raises(ValueError, match=f"non-negative e4m3.*first byte {byte:#04x}.*Fix"):
+        F.frag_pack_scales(s, "nvfp4")
 
 
 def test_int4_scale_fragments_refuse_scales_without_headroom():

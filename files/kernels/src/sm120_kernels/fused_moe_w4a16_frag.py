@@ -47,6 +47,7 @@ and indexing.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -55,7 +56,7 @@ import triton.language as tl
 
 from . import routing
 from .configs import register_cap
-from .fused_moe_w4a16 import FORMATS, W4A16Weights, _e4m3_to_f32, _fp4_val, _interpreting, _to_bf16, combine
+from .fused_moe_w4a16 import FORMATS, W4A16Weights, _fp4_val, _interpreting, _to_bf16, combine
 
 # --------------------------------------------------------------------------
 # Packing (host, once per layer at load time)
@@ -125,6 +126,48 @@ def frag_pack(words: torch.Tensor, fmt: str) -> torch.Tensor:
     return out
 
 
+# NVFP4 scale fragments: each e4m3 block scale s (unsigned, as NVFP4 defines
+# them) is stored as the byte c whose bf16 c * 16 + NVFP4_SCALE_BASE is
+# s * 2**119 exactly. c has 5 exponent and 3 mantissa bits, so e4m3's
+# subnormals are normal numbers here (for a normal e4m3 byte, c = byte + 16),
+# and zero is NVFP4_SCALE_ZERO (bf16 -0.0: the products are zero). A lane's
+# two rows then decode in a prmt and a multiply-add each (_NVFP4_SCALES).
+NVFP4_SCALE_BASE = 0x7680  # bf16 exponent field 237 = 127 + 119 - 9
+NVFP4_SCALE_ZERO = 0x98  # 0x98 * 16 + 0x7680 = 0x8000
+NVFP4_SCALE_NEG_ZERO = 0x99  # -2**-129: every product rounds to -0 or 0
+_SCALE_BASE = tl.constexpr(NVFP4_SCALE_BASE)
+
+
+def _e4m3_float(byte: int) -> float:
+    """OCP e4m3 (bias 7; 0x7F and 0xFF are NaN)."""
+    e, m = (byte >> 3) & 0xF, byte & 7
+    v = m * 2.0**-9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+    return -v if byte & 0x80 else v
+
+
+def _nvfp4_scale_tables() -> tuple[torch.Tensor, torch.Tensor]:
+    """(encode: e4m3 byte -> c, -1 for negative or NaN scales; decode: c -> e4m3 byte)."""
+    enc, dec = [-1] * 256, [0x7F] * 256
+    for byte in range(256):
+        if byte & 0x7F == 0x7F:
+            continue
+        v = _e4m3_float(byte)
+        if byte in (0, 0x80):
+            c = NVFP4_SCALE_ZERO if byte == 0 else NVFP4_SCALE_NEG_ZERO
+        elif v > 0:
+            f, e = math.frexp(v)  # v = f * 2**e, 0.5 <= f < 1
+            c = ((e - 1 + 9) << 3) | int((2 * f - 1) * 8)
+            bits = c * 16 + NVFP4_SCALE_BASE
+            assert c < 0x90 and (1 + (bits & 0x7F) / 128) * 2.0 ** ((bits >> 7) - 127) == v * 2.0**119, hex(byte)
+        else:
+            continue
+        enc[byte], dec[c] = c, byte
+    return torch.tensor(enc, dtype=torch.int32), torch.tensor(dec, dtype=torch.int32)
+
+
+_NVFP4_SCALE_ENCODE, _NVFP4_SCALE_DECODE = _nvfp4_scale_tables()
+
+
 # INT4 scale fragments hold s * 2**133 (rows g) and s * 2**129 (rows g + 8) as
 # bf16, which needs |s| < 2**-5; make_weights divides a layer's scales by
 # 2**int4_headroom(s) (W4A16Weights.shift13 / shift2), and the kernel multiplies
@@ -148,8 +191,9 @@ def _times_pow2(t: torch.Tensor, k: int) -> torch.Tensor:
 def frag_pack_scales(s: torch.Tensor, fmt: str) -> torch.Tensor:
     """Block scales [E, N, G] (e4m3 bytes as uint8, or bf16) -> int16
     [E, N/16, K/64, 32]: what lane (g, q) of row tile rt needs for K group kg,
-    so a warp's scales of a K group are one 64-byte load. NVFP4: the e4m3 bytes
-    of rows g (low byte) and g + 8 (high) for its 16 columns' group 4 kg + q.
+    so a warp's scales of a K group are one 64-byte load. NVFP4: the bytes of
+    rows g (low byte) and g + 8 (high) for its 16 columns' group 4 kg + q,
+    each e4m3 scale recoded as _NVFP4_SCALES decodes it (NVFP4_SCALE_BASE).
     INT4: row g + 8 (q & 1)'s scale for group 2 kg + q // 2, so lanes q and
     q ^ 1 together hold rows g and g + 8 of one group, which each of them reads
     as one 32-bit load; as the bf16 of s * 2**133 (rows g) or s * 2**129 (rows
@@ -160,7 +204,13 @@ def frag_pack_scales(s: torch.Tensor, fmt: str) -> torch.Tensor:
     assert N % 16 == 0 and G % per_kg == 0, (s.shape, fmt)
     KG = G // per_kg
     if fmt == "nvfp4":
-        b = s.contiguous().view(torch.uint8).to(torch.int32).view(E, N // 16, 2, 8, KG, 4)  # rt rh g kg q
+        b = _NVFP4_SCALE_ENCODE.to(s.device)[s.contiguous().view(torch.uint8).to(torch.long)]
+        if bool((b < 0).any()):
+            bad = int(s.contiguous().view(torch.uint8).flatten()[int((b.flatten() < 0).nonzero()[0])])
+            raise ValueError(f"NVFP4 block scales must be non-negative e4m3 numbers (ue4m3, as ModelOpt writes "
+                             f"them); found {int((b < 0).sum())} negative or NaN, the first byte {bad:#04x}. Fix: "
+                             "export the checkpoint's weight_scale tensors as amax / 6 / global scale, unsigned")
+        b = b.view(E, N // 16, 2, 8, KG, 4)  # rt rh g kg q
         out = b[:, :, 0] | (b[:, :, 1] << 8)  # e rt g kg q
         out = out.permute(0, 1, 3, 2, 4)  # e rt kg g q
     else:
@@ -181,6 +231,7 @@ def frag_unpack_scales(sf: torch.Tensor, fmt: str) -> torch.Tensor:
     if fmt == "nvfp4":
         v = v.view(E, RT, KG, 8, 4).permute(0, 1, 3, 2, 4)  # e rt g kg q
         out = torch.stack((v & 0xFF, v >> 8), dim=2)  # e rt rh g kg q
+        out = _NVFP4_SCALE_DECODE.to(out.device)[out.to(torch.long)]
         return out.reshape(E, RT * 16, KG * 4).to(torch.uint8)
     v = v.view(E, RT, KG, 8, 2, 2).permute(0, 1, 5, 3, 2, 4)  # e rt rh g kg qh
     f = torch.where(v >= 2**15, v - 2**16, v).to(torch.int16).view(torch.bfloat16).float()
@@ -244,7 +295,7 @@ def _nvfp4_a() -> str:
             lines.append(f"lop3.b32 u, {src0}, {mask0:#010x}, t, 0xEA;")
         else:
             lines.append(f"and.b32 u, {src0}, {mask0:#010x};")
-        lines.append(f"fma.rn.bf16x2 a{r}, u, {'$SH' if r % 2 else '$SL'}, nz;")
+        lines.append(f"fma.rn.bf16x2 a{r}, u, {'sh' if r % 2 else 'sl'}, nz;")
     return "\n        ".join(lines)
 
 
@@ -259,38 +310,37 @@ _NVFP4_A = _nvfp4_a()
 # took 15.
 _INT4_A = """mov.b32 q, $W;
         and.b32 u, q, 0x000F000F;
-        fma.rn.bf16x2 a0, u, $SL, $CL;
+        fma.rn.bf16x2 a0, u, sl, cl;
         and.b32 u, q, 0x00F000F0;
-        fma.rn.bf16x2 a1, u, $SH, $CH;
+        fma.rn.bf16x2 a1, u, sh, ch;
         shr.u32 t, q, 8;
         and.b32 u, t, 0x000F000F;
-        fma.rn.bf16x2 a2, u, $SL, $CL;
+        fma.rn.bf16x2 a2, u, sl, cl;
         and.b32 u, t, 0x00F000F0;
-        fma.rn.bf16x2 a3, u, $SH, $CH;"""
-# INT4 scale fragment (the lane pair's bf16 S of rows g and g + 8) -> $0 = {S_g,
-# S_g}, $1 = {S_g8, S_g8}, $2 = $0 * -2**-130 = {-8 s_g, ..}, $3 = $1 * -2**-126,
-# exact (0x8008 = -2**-130, 0x8080 = -2**-126 in bf16).
+        fma.rn.bf16x2 a3, u, sh, ch;"""
+# INT4 scale fragment (the lane pair's bf16 S of rows g and g + 8, which the
+# MMA asm multiplies by as it is) -> $0 = {-8 s_g, -8 s_g8} = S * {-2**-130,
+# -2**-126}, exact (0x8008 = -2**-130, 0x8080 = -2**-126 in bf16).
 _INT4_SCALES = """{
-            .reg .b32 mlo, mhi, nz;
-            mov.b32 mlo, 0x80088008;
-            mov.b32 mhi, 0x80808080;
+            .reg .b32 m, nz;
+            mov.b32 m, 0x80808008;
             mov.b32 nz, 0x80008000;
-            prmt.b32 $0, $4, 0, 0x1010;
-            prmt.b32 $1, $4, 0, 0x3232;
-            fma.rn.bf16x2 $2, $0, mlo, nz;
-            fma.rn.bf16x2 $3, $1, mhi, nz;
+            fma.rn.bf16x2 $0, $1, m, nz;
             }"""
 def _mma_asm(fmt: str, nt: int) -> str:
     """One word -> scaled A fragment, then nt m16n8k16 MMAs accumulating.
-    Operands: outputs $0 .. $(4nt - 1); inputs: the word, the two rows' scale
-    pairs (INT4: then the two rows' -8 s pairs), 2 B registers per n8 tile,
-    then the 4 nt accumulators."""
+    Operands: outputs $0 .. $(4nt - 1); inputs: the word, the scale register
+    S (bf16x2, rows g and g + 8; INT4: then C, its -8 s), 2 B registers per n8
+    tile, then the 4 nt accumulators. Registers a_r of rows g read S's low
+    half in both lanes of the bf16x2 fma, rows g + 8 its high half (ptxas
+    folds the {h, h} into the fma's operand, so this costs no instruction)."""
     n_out = 4 * nt
-    ns = 2 if fmt == "nvfp4" else 4
-    w, sl, sh, cl, ch = n_out, n_out + 1, n_out + 2, n_out + 3, n_out + 4
-    body = (_NVFP4_A if fmt == "nvfp4" else _INT4_A)
-    body = (body.replace("$W", f"${w}").replace("$SL", f"${sl}").replace("$SH", f"${sh}")
-            .replace("$CL", f"${cl}").replace("$CH", f"${ch}"))
+    ns = 1 if fmt == "nvfp4" else 2
+    w = n_out
+    body = (_NVFP4_A if fmt == "nvfp4" else _INT4_A).replace("$W", f"${w}")
+    halves = [f"mov.b32 {{s0, s1}}, ${w + 1};", "mov.b32 sl, {s0, s0};", "mov.b32 sh, {s1, s1};"]
+    if fmt == "int4":
+        halves += [f"mov.b32 {{k0, k1}}, ${w + 2};", "mov.b32 cl, {k0, k0};", "mov.b32 ch, {k1, k1};"]
     mmas = []
     for j in range(nt):
         o = ", ".join(f"${4 * j + c}" for c in range(4))
@@ -299,34 +349,26 @@ def _mma_asm(fmt: str, nt: int) -> str:
         mmas.append(f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{o}}}, {{a0, a1, a2, a3}}, {{{b}}}, "
                     f"{{{c}}};")
     return ("""{
-        .reg .b32 q, t, u, c0, c1, c2, c3, a0, a1, a2, a3, nz;
+        .reg .b32 q, t, u, c0, c1, c2, c3, a0, a1, a2, a3, nz, sl, sh, cl, ch;
+        .reg .b16 s0, s1, k0, k1;
         mov.b32 nz, 0x80008000;
-        """ + body + "\n        " + "\n        ".join(mmas) + "\n        }")
+        """ + "\n        ".join(halves) + "\n        " + body + "\n        " + "\n        ".join(mmas)
+            + "\n        }")
 
 
 def _mma_constraints(fmt: str, nt: int) -> str:
-    return ",".join(["=f"] * (4 * nt) + ["r"] * ((3 if fmt == "nvfp4" else 5) + 2 * nt) + ["f"] * (4 * nt))
+    return ",".join(["=f"] * (4 * nt) + ["r"] * ((2 if fmt == "nvfp4" else 3) + 2 * nt) + ["f"] * (4 * nt))
 
 
-# NVFP4 row scales: the e4m3 bytes of rows g ($2) and g + 8 ($3) -> bf16x2
-# {s * 2**119, s * 2**119} each ($0, $1), exact (0f7B000000 = 2**119).
-_E4M3_PAIRS = """{
-            .reg .b16 h, hx;
-            .reg .b32 p, t;
-            .reg .f16 f0, f1;
-            .reg .f32 x0, x1;
-            shl.b32 t, $3, 8;
-            or.b32 p, $2, t;
-            mov.b32 {h, hx}, p;
-            cvt.rn.f16x2.e4m3x2 p, h;
-            mov.b32 {f0, f1}, p;
-            cvt.f32.f16 x0, f0;
-            cvt.f32.f16 x1, f1;
-            mul.f32 x0, x0, 0f7B000000;
-            mul.f32 x1, x1, 0f7B000000;
-            cvt.rn.bf16x2.f32 $0, x0, x0;
-            cvt.rn.bf16x2.f32 $1, x1, x1;
-            }"""
+# NVFP4 scale fragment (the bytes c of rows g and g + 8, low byte first) ->
+# bf16x2 $0 = {S_g, S_g8}, S = c * 16 + NVFP4_SCALE_BASE = s * 2**119
+# (frag_pack_scales): prmt puts each byte in the low byte of its half, and the
+# multiply-add shifts both into place (no carry leaves a half: c < 0x9A).
+_NVFP4_SCALES = f"""{{
+            .reg .b32 t;
+            prmt.b32 t, $1, 0, 0x4140;
+            mad.lo.u32 $0, t, 16, {NVFP4_SCALE_BASE * 0x10001:#010x};
+            }}"""
 
 _ASM_NVFP4_1 = tl.constexpr(_mma_asm("nvfp4", 1))
 _ASM_NVFP4_2 = tl.constexpr(_mma_asm("nvfp4", 2))
@@ -337,7 +379,7 @@ _MMA_NVFP4_C2 = tl.constexpr(_mma_constraints("nvfp4", 2))
 _MMA_INT4_C1 = tl.constexpr(_mma_constraints("int4", 1))
 _MMA_INT4_C2 = tl.constexpr(_mma_constraints("int4", 2))
 _ASM_INT4_SCALES = tl.constexpr(_INT4_SCALES)
-_ASM_E4M3_PAIRS = tl.constexpr(_E4M3_PAIRS)
+_ASM_NVFP4_SCALES = tl.constexpr(_NVFP4_SCALES)
 
 
 @triton.jit
@@ -393,7 +435,8 @@ def _mma_emulated(w, s_lo, s_hi, b0, b1, FMT: tl.constexpr, NW: tl.constexpr):
 def _mma(acc, w, s_lo, s_hi, c_lo, c_hi, b, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
          INTERP: tl.constexpr):
     """acc (4 NT fp32 per lane) += scaled A (one word per lane) x B, one K tile.
-    s_lo, s_hi, c_lo, c_hi: _decode_tile's scale registers (c: INT4 only)."""
+    s_lo, s_hi, c_lo, c_hi: _decode_tile's scale registers (c: INT4 only; on
+    the GPU s_hi and c_hi are s_lo and c_lo, whose halves serve both rows)."""
     if INTERP:
         p0, p1, p2, p3 = _mma_emulated(w, s_lo, s_hi, b[0], b[1], FMT, NW)
         if NT == 1:
@@ -405,21 +448,20 @@ def _mma(acc, w, s_lo, s_hi, c_lo, c_hi, b, FMT: tl.constexpr, NT: tl.constexpr,
     if NT == 1:
         if FMT == 0:
             return tl.inline_asm_elementwise(asm=_ASM_NVFP4_1, constraints=_MMA_NVFP4_C1,
-                                             args=[w, s_lo, s_hi, b[0], b[1], acc[0], acc[1], acc[2], acc[3]],
+                                             args=[w, s_lo, b[0], b[1], acc[0], acc[1], acc[2], acc[3]],
                                              dtype=(tl.float32,) * 4, is_pure=True, pack=1)
         return tl.inline_asm_elementwise(asm=_ASM_INT4_1, constraints=_MMA_INT4_C1,
-                                         args=[w, s_lo, s_hi, c_lo, c_hi, b[0], b[1], acc[0], acc[1], acc[2],
-                                               acc[3]],
+                                         args=[w, s_lo, c_lo, b[0], b[1], acc[0], acc[1], acc[2], acc[3]],
                                          dtype=(tl.float32,) * 4, is_pure=True, pack=1)
     else:
         if FMT == 0:
             return tl.inline_asm_elementwise(asm=_ASM_NVFP4_2, constraints=_MMA_NVFP4_C2,
-                                             args=[w, s_lo, s_hi, b[0], b[1], b[2], b[3], acc[0], acc[1],
-                                                   acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]],
+                                             args=[w, s_lo, b[0], b[1], b[2], b[3], acc[0], acc[1], acc[2], acc[3],
+                                                   acc[4], acc[5], acc[6], acc[7]],
                                              dtype=(tl.float32,) * 8, is_pure=True, pack=1)
         return tl.inline_asm_elementwise(asm=_ASM_INT4_2, constraints=_MMA_INT4_C2,
-                                         args=[w, s_lo, s_hi, c_lo, c_hi, b[0], b[1], b[2], b[3], acc[0], acc[1],
-                                               acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]],
+                                         args=[w, s_lo, c_lo, b[0], b[1], b[2], b[3], acc[0], acc[1], acc[2], acc[3],
+                                               acc[4], acc[5], acc[6], acc[7]],
                                          dtype=(tl.float32,) * 8, is_pure=True, pack=1)
 
 
@@ -484,19 +526,19 @@ def _ld_scale(p, FMT: tl.constexpr, INTERP: tl.constexpr):
 
 @triton.jit
 def _nvfp4_scales(v, ok, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
-    """An NVFP4 lane's scale fragment (_ld_scale: the e4m3 bytes of rows g and
-    g + 8) -> what _mma multiplies the A pairs by: on the GPU bf16x2 {s, s}
-    times 2**119, exact (the global scale takes 2**-119 * 2**126 = 2**7), in
-    the interpreter fp32 s. Zero for a clamped group (not ok)."""
-    lo = v & 0xFF
-    hi = v >> 8
+    """An NVFP4 lane's scale fragment (_ld_scale: the bytes of rows g and g + 8,
+    frag_pack_scales) -> what _mma multiplies rows g and g + 8 by: on the GPU
+    one bf16x2 {S_g, S_g8}, S = s * 2**119 (_NVFP4_SCALES; the global scale
+    takes 2**-119 * 2**126 = 2**7), returned for both rows; in the interpreter
+    fp32 s of each row, from the same bf16 bits. Zero for a clamped group (not
+    ok)."""
     if INTERP:
-        a = _e4m3_to_f32(lo)
-        b = _e4m3_to_f32(hi)
+        a = (((v & 0xFF) * 16 + _SCALE_BASE) << 16).to(tl.float32, bitcast=True) * 2.0**-119
+        b = ((((v >> 8) & 0xFF) * 16 + _SCALE_BASE) << 16).to(tl.float32, bitcast=True) * 2.0**-119
     else:
-        a, b = tl.inline_asm_elementwise(
-            asm=_ASM_E4M3_PAIRS, constraints="=r,=r,r,r", args=[lo, hi], dtype=(tl.int32, tl.int32), is_pure=True,
-            pack=1)
+        a = tl.inline_asm_elementwise(asm=_ASM_NVFP4_SCALES, constraints="=r,r", args=[v], dtype=tl.int32,
+                                      is_pure=True, pack=1)
+        b = a
     if not EVEN_K:
         a = tl.where(ok, a, 0)
         b = tl.where(ok, b, 0)
@@ -506,18 +548,21 @@ def _nvfp4_scales(v, ok, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
 @triton.jit
 def _int4_scales(v, ok, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
     """An INT4 lane's scale fragment (_ld_scale: S of rows g and g + 8) ->
-    on the GPU bf16x2 {S_g, S_g}, {S_g8, S_g8} and the -8 s pairs
-    (_INT4_SCALES); in the interpreter fp32 s of both rows (S / 2**133 and
-    S / 2**129, INT4_ROW_SHIFT), twice. Zero for a clamped group (not ok)."""
+    what _mma multiplies by and adds: on the GPU the fragment itself (bf16x2
+    {S_g, S_g8}) and its -8 s (_INT4_SCALES), each returned for both rows; in
+    the interpreter fp32 s of each row (S / 2**133 and S / 2**129,
+    INT4_ROW_SHIFT), twice. Zero for a clamped group (not ok)."""
     if INTERP:  # two steps: 2**-133 is not a normal fp32
         a = ((v & 0xFFFF) << 16).to(tl.float32, bitcast=True) * 2.0**-66 * 2.0**-67
         b = (v & -65536).to(tl.float32, bitcast=True) * 2.0**-64 * 2.0**-65
         ca = a
         cb = b
     else:
-        a, b, ca, cb = tl.inline_asm_elementwise(
-            asm=_ASM_INT4_SCALES, constraints="=r,=r,=r,=r,r", args=[v], dtype=(tl.int32,) * 4, is_pure=True,
-            pack=1)
+        a = v
+        b = v
+        ca = tl.inline_asm_elementwise(asm=_ASM_INT4_SCALES, constraints="=r,r", args=[v], dtype=tl.int32,
+                                       is_pure=True, pack=1)
+        cb = ca
     if not EVEN_K:
         a = tl.where(ok, a, 0)
         b = tl.where(ok, b, 0)
