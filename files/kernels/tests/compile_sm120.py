@@ -48,11 +48,11 @@ def gemm_variants():
 
 FRAG_SIG = {
     "x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*fp32", "out_ptr": "*bf16", "tw_ptr": "*fp32",
-    "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_post_ptr": "*i32",
+    "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_post_ptr": "*i32", "ready_ptr": "*i32",
     "num_valid": "i32", "top_k": "i32", "KG": "i32",
     "stride_xm": "i64", "stride_we": "i64", "stride_wt": "i64", "stride_se": "i64", "stride_sn": "i64",
     "stride_om": "i64", "up_tiles": "i32", "g_mult": "fp32", "swiglu_limit": "fp32", "rsf": "fp32",
-    "num_experts": "i32",
+    "num_experts": "i32", "ready_target": "i32",
 }
 
 
@@ -81,8 +81,11 @@ def _gemm_variants():
                                  **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") else {}))
                     two = gated or c.get("RT", 1) == 2
                     bulk, ring = F.ring_launch(c, k_words, two, 8 * c["NT"])
+                    # block_ready: the gate/up counts each block's row tiles, the down waits for them
+                    ready = F.block_ready(cfgs, frozenset(dep), model.inter // 64)
                     yield (f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig,
-                           dict(const, BULK=bulk, RING=ring), c["num_warps"], 1)
+                           dict(const, BULK=bulk, RING=ring, SIGNAL_READY=ready and gated,
+                                WAIT_READY=ready and not gated), c["num_warps"], 1)
                     if bucket == "1" and c["NT"] == 1:  # one token: the two-launch path (bf16 output)
                         bulk, ring = F.ring_launch(c, k_words, two, 1)  # one activation row
                         # a dependent down GEMM (dependent_down on sm_90 and newer: through

@@ -130,6 +130,25 @@ def test_dependent_launches(fmt, dependent, T):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
+@pytest.mark.parametrize("T", [8, 40])
+def test_block_ready(fmt, T):
+    """The down GEMM starting on each expert block once the gate/up GEMM has
+    counted all of that block's row tiles (block_ready), while the gate/up
+    GEMM's other programs still run: against the reference, on several calls
+    in a row (each call's alignment zeroes the counts), with one and several
+    expert blocks per gate/up wave."""
+    from sm120_kernels import configs, fused_moe_w4a16_frag as F
+
+    E, H, I = 8, 1024, 2048
+    cfg = {**configs.load_file("default.json")[fmt]["64"], "dependent_launches": ["gate_up", "down"],
+           "block_ready": True}
+    assert F.block_ready(cfg, F.dependent_launches(cfg, torch.device("cuda")), I // 64)
+    for seed in (10, 11, 12):
+        res = _against_reference(fmt, cfg, E, H, I, _random_ids(T, E, 4), seed=seed)
+        assert res.ok, (seed, res.detail)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
 @pytest.mark.parametrize("l2_steps", [0, 1, 4])
 @pytest.mark.parametrize("first_live", [0, 1])
 def test_one_token_down_pdl(fmt, l2_steps, first_live):

@@ -46,3 +46,20 @@ def test_align_all_remote(interpret):
     sorted_ids, expert_ids, num_post = R.moe_align(ids, 8, 16)
     assert int(num_post) == 0
     assert (sorted_ids == 6).all()
+
+
+@pytest.mark.parametrize("n", [6, 8192, 8193])
+def test_align_ready_counts_start_at_zero(interpret, n):
+    """moe_align(ready=True): the same layout, plus one int32 count per block,
+    zero (the kernel overwrites whatever the buffer held; past MAX_ALIGN_PAIRS
+    the torch path)."""
+    g = torch.Generator().manual_seed(n)
+    ids = torch.randint(-1, 8, (n, 1), generator=g, dtype=torch.int32)
+    plain = R.moe_align(ids, 8, 16)
+    with_ready = R.moe_align(ids, 8, 16, ready=True)
+    assert len(plain) == 3 and len(with_ready) == 4
+    nblk = int(plain[2]) // 16  # expert ids past the live blocks are not written
+    assert torch.equal(plain[0], with_ready[0]) and torch.equal(plain[2], with_ready[2])
+    assert torch.equal(plain[1][:nblk], with_ready[1][:nblk])
+    counts = with_ready[3]
+    assert counts.dtype == torch.int32 and counts.shape == with_ready[1].shape and not counts.any()

@@ -183,12 +183,15 @@ def dependent_trials(cfg: dict, batch: int) -> list:
     where the down GEMM does not already prefetch through its rings: its
     register path launched dependent on the gate/up GEMM, asking L2 for none
     or one of its first K steps first (pdl). On the H200 both paid
-    (README, "Tenth round")."""
+    (README, "Tenth round"). Each dependent choice also with block_ready (the
+    down GEMM starting on each expert block as soon as the gate/up GEMM has
+    finished it; README, "Twelfth round")."""
     if batch == 1 and cfg.get("direct", True):
         if cfg["down"].get("bulk"):
             return [cfg]
         return [cfg] + [{**cfg, "down": {**cfg["down"], "pdl": steps}} for steps in (0, 1)]
-    return [cfg] + [{**cfg, "dependent_launches": dep} for dep in (True, ["gate_up", "down"])]
+    deps = [{**cfg, "dependent_launches": dep} for dep in (True, ["gate_up", "down"])]
+    return [cfg] + deps + [{**d, "block_ready": True} for d in deps if not d["down"].get("bulk")]
 
 
 def _fastest(case, dev, do_bench, key, trials, what):

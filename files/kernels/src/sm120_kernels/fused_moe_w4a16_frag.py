@@ -489,11 +489,14 @@ def _x_asm(space: str) -> str:
 
 
 _ASM_X_GLOBAL = tl.constexpr(_x_asm("global.nc"))
+# written by the gate/up GEMM while this launch runs (block_ready): not the
+# read-only path, which does not see other SMs' writes
+_ASM_X_COHERENT = tl.constexpr(_x_asm("global"))
 _ASM_X_SHARED = tl.constexpr(_x_asm("shared"))
 
 
 @triton.jit
-def _ld_x(p, valid, INTERP: tl.constexpr):
+def _ld_x(p, valid, INTERP: tl.constexpr, XC: tl.constexpr = False):
     """A lane's B registers for one K group: 32 contiguous bytes of its token's
     row (zeros, and no memory access, for a padding slot)."""
     if INTERP:
@@ -502,7 +505,8 @@ def _ld_x(p, valid, INTERP: tl.constexpr):
                 tl.load(p + 4, mask=valid, other=0), tl.load(p + 5, mask=valid, other=0),
                 tl.load(p + 6, mask=valid, other=0), tl.load(p + 7, mask=valid, other=0))
     return tl.inline_asm_elementwise(
-        asm=_ASM_X_GLOBAL, constraints="=r,=r,=r,=r,=r,=r,=r,=r,l,r", args=[p, valid.to(tl.int32)],
+        asm=_ASM_X_COHERENT if XC else _ASM_X_GLOBAL, constraints="=r,=r,=r,=r,=r,=r,=r,=r,l,r",
+        args=[p, valid.to(tl.int32)],
         dtype=(tl.int32,) * 8, is_pure=True, pack=1)
 
 
@@ -651,6 +655,15 @@ def dependent_launches(cfg: dict, device) -> frozenset:
     return want
 
 
+def block_ready(cfg: dict, dep: frozenset, down_kg: int) -> bool:
+    """Whether the down GEMM starts on each expert block once the gate/up GEMM
+    has finished that block's row tiles (whole-config key "block_ready"),
+    rather than after the whole gate/up launch: only as a dependent launch
+    (dependent_launches has "down") on the register path (a ring's bulk
+    copies would need the async proxy ordered after the count)."""
+    return bool(cfg.get("block_ready")) and "down" in dep and not ring_launch(cfg["down"], down_kg, False, 8)[0]
+
+
 def dependent_down(cfg: dict, kg: int, device) -> bool:
     """Whether one token's down GEMM is a programmatic dependent launch: it
     prefetches through its rings (ring_prefetch), or config "pdl" (the
@@ -774,6 +787,46 @@ def _lds_x(a, valid):
         dtype=(tl.int32,) * 8, is_pure=False, pack=1)
 
 
+# block_ready: the gate/up GEMM's programs count each expert block's finished
+# row tiles (moe_align's ready counts); the down GEMM's programs start on a
+# block once its count is complete, instead of waiting for the whole gate/up
+# launch (griddepcontrol.wait), so the first blocks' down GEMM runs while the
+# gate/up GEMM's last programs do.
+_READY_WAIT = tl.constexpr("""{
+        .reg .pred p;
+        .reg .b32 v;
+        READY_WAIT:
+        ld.acquire.gpu.global.b32 v, [$1];
+        setp.lt.s32 p, v, $2;
+        @p nanosleep.u32 64;
+        @p bra READY_WAIT;
+        mov.b32 $0, 0;
+        }""")
+_READY_SIGNAL = tl.constexpr("""{
+        .reg .pred p;
+        setp.ne.b32 p, $2, 0;
+        @p red.release.gpu.global.add.s32 [$1], 1;
+        mov.b32 $0, 0;
+        }""")
+
+
+@triton.jit
+def _ready_wait(p, target):
+    """Each thread: until the count at p reaches target (acquire: the gate/up
+    GEMM's stores before it are visible to this thread's loads after)."""
+    return tl.inline_asm_elementwise(asm=_READY_WAIT, constraints="=r,l,r", args=[p, target], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _ready_signal(p, first):
+    """The thread with first set: count one more finished row tile at p
+    (release: after the barrier before it, the program's stores are ordered
+    before the count)."""
+    return tl.inline_asm_elementwise(asm=_READY_SIGNAL, constraints="=r,l,r", args=[p, first.to(tl.int32)],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
 def _l2_ask(p):
     """Ask L2 for the line at p; no register waits for it."""
@@ -852,23 +905,23 @@ def _tile_step(acc, raw, xs, ok, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.con
 
 
 @triton.jit
-def _load_x(xb, xb2, valid, valid2, kg, NT: tl.constexpr, INTERP: tl.constexpr):
-    x = _ld_x(xb + kg * 32, valid, INTERP)
+def _load_x(xb, xb2, valid, valid2, kg, NT: tl.constexpr, INTERP: tl.constexpr, XC: tl.constexpr = False):
+    x = _ld_x(xb + kg * 32, valid, INTERP, XC)
     if NT == 2:
-        x = x + _ld_x(xb2 + kg * 32, valid2, INTERP)
+        x = x + _ld_x(xb2 + kg * 32, valid2, INTERP, XC)
     return x
 
 
 @triton.jit
 def _group_loads(wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, kg, FMT: tl.constexpr, NT: tl.constexpr,
-                 TWO: tl.constexpr, INTERP: tl.constexpr):
+                 TWO: tl.constexpr, INTERP: tl.constexpr, XC: tl.constexpr = False):
     """Everything one K group needs: the row tiles' words and scales, the
     tokens' activations."""
     t0 = _load_tile(wp0, sp0, kg, FMT, INTERP)
     t1 = t0
     if TWO:
         t1 = _load_tile(wp1, sp1, kg, FMT, INTERP)
-    return t0, t1, _load_x(xb, xb2, valid, valid2, kg, NT, INTERP)
+    return t0, t1, _load_x(xb, xb2, valid, valid2, kg, NT, INTERP, XC)
 
 
 @triton.jit
@@ -881,39 +934,40 @@ def _group_compute(acc0, acc1, ld, ok, FMT: tl.constexpr, NT: tl.constexpr, NW: 
 
 
 @triton.jit
-def _loads_at(src, kg, KG, FMT: tl.constexpr, NT: tl.constexpr, TWO: tl.constexpr, INTERP: tl.constexpr):
+def _loads_at(src, kg, KG, FMT: tl.constexpr, NT: tl.constexpr, TWO: tl.constexpr, INTERP: tl.constexpr,
+              XC: tl.constexpr = False):
     """_group_loads of K group kg, clamped to the last group (src: the row
     tiles' word and scale pointers, the activation pointers and their masks;
     a clamped group's MMAs are zeroed by its ok flag)."""
     return _group_loads(src[0], src[1], src[2], src[3], src[4], src[5], src[6], src[7], tl.minimum(kg, KG - 1),
-                        FMT, NT, TWO, INTERP)
+                        FMT, NT, TWO, INTERP, XC)
 
 
 @triton.jit
 def _load_sets(src, kg, KG, FMT: tl.constexpr, NW: tl.constexpr, NT: tl.constexpr, TWO: tl.constexpr,
-               DEPTH: tl.constexpr, INTERP: tl.constexpr):
+               DEPTH: tl.constexpr, INTERP: tl.constexpr, XC: tl.constexpr = False):
     """The DEPTH register sets' loads of K groups kg, kg + NW, ... (the unused
     sets are copies of the first)."""
-    a = _loads_at(src, kg, KG, FMT, NT, TWO, INTERP)
+    a = _loads_at(src, kg, KG, FMT, NT, TWO, INTERP, XC)
     b = a
     c = a
     d = a
     if DEPTH >= 2:
-        b = _loads_at(src, kg + NW, KG, FMT, NT, TWO, INTERP)
+        b = _loads_at(src, kg + NW, KG, FMT, NT, TWO, INTERP, XC)
     if DEPTH >= 3:
-        c = _loads_at(src, kg + 2 * NW, KG, FMT, NT, TWO, INTERP)
+        c = _loads_at(src, kg + 2 * NW, KG, FMT, NT, TWO, INTERP, XC)
     if DEPTH >= 4:
-        d = _loads_at(src, kg + 3 * NW, KG, FMT, NT, TWO, INTERP)
+        d = _loads_at(src, kg + 3 * NW, KG, FMT, NT, TWO, INTERP, XC)
     return a, b, c, d
 
 
 @triton.jit
 def _ring_step(acc0, acc1, ld, src, kg, step, KG, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
-               TWO: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
+               TWO: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr, XC: tl.constexpr = False):
     """One register set of the ring: multiply its K group kg, then reload it in
     place with group kg + step."""
     acc0, acc1 = _group_compute(acc0, acc1, ld, kg < KG, FMT, NT, NW, TWO, EVEN_K, INTERP)
-    return acc0, acc1, _loads_at(src, kg + step, KG, FMT, NT, TWO, INTERP)
+    return acc0, acc1, _loads_at(src, kg + step, KG, FMT, NT, TWO, INTERP, XC)
 
 
 @triton.jit
@@ -940,7 +994,7 @@ def _warp_sum2(a, b, NW: tl.constexpr):
 @triton.jit
 def _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG, FMT: tl.constexpr,
                 NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
-                EVEN_K: tl.constexpr, INTERP: tl.constexpr, SCALES_AHEAD: tl.constexpr):
+                EVEN_K: tl.constexpr, INTERP: tl.constexpr, SCALES_AHEAD: tl.constexpr, XC: tl.constexpr = False):
     """The K loop from registers: acc0, acc1 += the row tiles' K groups."""
     # software pipeline over DEPTH register sets (K groups kg, kg + NW,
     # ...). Ring (not PIPE): each set is multiplied, then reloaded in
@@ -955,14 +1009,14 @@ def _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG
     kg = warp
     step = NW * DEPTH
     src = (wp0, wp1, sp0, sp1, xb, xb2, valid, valid2)
-    la, lb, lc, ld = _load_sets(src, kg, KG, FMT, NW, NT, TWO, DEPTH, INTERP)
+    la, lb, lc, ld = _load_sets(src, kg, KG, FMT, NW, NT, TWO, DEPTH, INTERP, XC)
     if SCALES_AHEAD:  # pipe only: the register sets carry decoded scales
         la, lb, lc, ld = _decode_sets(la, lb, lc, ld, kg, KG, FMT, NW, TWO, DEPTH, EVEN_K, INTERP)
     for it in range(0, tl.cdiv(KG, step)):
         if PIPE:
             # every set's next loads, then this step's MMAs; with
             # SCALES_AHEAD the next scales are decoded after the MMAs
-            na, nb, nc, nd = _load_sets(src, kg + step, KG, FMT, NW, NT, TWO, DEPTH, INTERP)
+            na, nb, nc, nd = _load_sets(src, kg + step, KG, FMT, NW, NT, TWO, DEPTH, INTERP, XC)
             acc0, acc1 = _group_compute(acc0, acc1, la, kg < KG, FMT, NT, NW, TWO, EVEN_K, INTERP,
                                         SCALES_AHEAD)
             if DEPTH >= 2:
@@ -983,16 +1037,16 @@ def _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG
             ld = nd
         else:
             acc0, acc1, la = _ring_step(acc0, acc1, la, src, kg, step, KG, FMT, NT, NW, TWO, EVEN_K,
-                                        INTERP)
+                                        INTERP, XC)
             if DEPTH >= 2:
                 acc0, acc1, lb = _ring_step(acc0, acc1, lb, src, kg + NW, step, KG, FMT, NT, NW, TWO,
-                                            EVEN_K, INTERP)
+                                            EVEN_K, INTERP, XC)
             if DEPTH >= 3:
                 acc0, acc1, lc = _ring_step(acc0, acc1, lc, src, kg + 2 * NW, step, KG, FMT, NT, NW, TWO,
-                                            EVEN_K, INTERP)
+                                            EVEN_K, INTERP, XC)
             if DEPTH >= 4:
                 acc0, acc1, ld = _ring_step(acc0, acc1, ld, src, kg + 3 * NW, step, KG, FMT, NT, NW, TWO,
-                                            EVEN_K, INTERP)
+                                            EVEN_K, INTERP, XC)
         kg += step
     return acc0, acc1
 
@@ -1116,16 +1170,16 @@ def _ring_k_loop(acc0, acc1, rb, cnt, t, wb0, wb1, sb0, sb1, xrow0, xrow1, valid
 @triton.jit
 def _moe_frag_kernel(
     x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr,
-    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, ready_ptr,
     num_valid, top_k, KG,
     stride_xm, stride_we, stride_wt, stride_se, stride_sn, stride_om,
-    up_tiles, g_mult, swiglu_limit, rsf, num_experts,
+    up_tiles, g_mult, swiglu_limit, rsf, num_experts, ready_target,
     FMT: tl.constexpr, GATED: tl.constexpr, X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr,
     NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
     EVEN_K: tl.constexpr, INTERP: tl.constexpr, DIRECT: tl.constexpr = False, KP: tl.constexpr = 1,
     SCALES_AHEAD: tl.constexpr = False, BULK: tl.constexpr = 0, RING: tl.constexpr = "",
     LAUNCH_DEPENDENTS: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False,
-    L2_STEPS: tl.constexpr = 0,
+    L2_STEPS: tl.constexpr = 0, SIGNAL_READY: tl.constexpr = False, WAIT_READY: tl.constexpr = False,
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -1153,7 +1207,12 @@ def _moe_frag_kernel(
     WAIT_PRIOR (launched with launch_pdl) waits for the previous launch's
     outputs before it reads any: with several tokens the alignment's (gate/up) or
     the gate/up GEMM's (down); at one token the down GEMM's register path
-    first asks L2 for its first live slot's first L2_STEPS K steps."""
+    first asks L2 for its first live slot's first L2_STEPS K steps.
+    Per block instead (block_ready, several tokens): SIGNAL_READY (gate/up)
+    counts each finished row tile of block mb at ready_ptr[mb]; WAIT_READY
+    (down, launched with launch_pdl) starts on block mb once that count is
+    ready_target, and reads the gate/up GEMM's rows through the coherent
+    path."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
     # the rings' layout (ring_bytes): per warp BULK stages of STAGE bytes, then
@@ -1179,9 +1238,11 @@ def _moe_frag_kernel(
         ids_vec = tl.load(expert_ids_ptr + kidx, mask=kidx < top_k, other=-1)
         tw_vec = tl.load(tw_ptr + kidx, mask=kidx < top_k, other=0.0)
     else:
-        if WAIT_PRIOR:  # the alignment's (or the gate/up GEMM's) outputs
+        if WAIT_PRIOR and not WAIT_READY:  # the alignment's (or the gate/up GEMM's) outputs
             tl.extra.cuda.gdc_wait()
-        nblk = tl.load(num_post_ptr) // BM
+        # WAIT_READY: the alignment ended before any gate/up program let this
+        # launch start; its count read from L2, not a cached line
+        nblk = tl.load(num_post_ptr, volatile=WAIT_READY) // BM
     x32 = x_ptr.to(tl.pointer_type(tl.int32))
     l32 = tl.arange(0, 32)
     # DIRECT down: the token's sums over its slots (C rows gi and gi + 8 of
@@ -1232,6 +1293,8 @@ def _moe_frag_kernel(
             e = tl.where(live, e_id, 0).to(tl.int64)
             sid = tl.where(gi == 0, mb, num_valid)
         else:
+            if WAIT_READY:  # the block's rows from every gate/up program
+                _ready_wait(ready_ptr + mb + t * 0, ready_target)
             e = tl.load(expert_ids_ptr + mb).to(tl.int64)
             live = mb >= 0
             # the lane's B column: token slot gi (and gi + 8) of this block
@@ -1273,7 +1336,7 @@ def _moe_frag_kernel(
                 cnt += KG // (NW * DEPTH)
             else:
                 acc0, acc1 = _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG, FMT, NT,
-                                         NW, TWO, PIPE, DEPTH, EVEN_K, INTERP, SCALES_AHEAD)
+                                         NW, TWO, PIPE, DEPTH, EVEN_K, INTERP, SCALES_AHEAD, WAIT_READY)
             g = tl.load(g_ptr + e) * g_mult
             # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
             if DIRECT:
@@ -1325,6 +1388,9 @@ def _moe_frag_kernel(
                     tl.store(o_row + tile0 * 16 + rr, v0 * tw, mask=okj)
                     if RT == 2:
                         tl.store(o_row + tile1 * 16 + rr, _warp_sum(acc1[j], NW) * g * tw, mask=okj)
+            if SIGNAL_READY:  # every thread's stores of this block, then one count
+                tl.debug_barrier()
+                _ready_signal(ready_ptr + mb + t * 0, t == 0)
     if DIRECT and not GATED:
         # the token's output row, the routed scaling factor applied here once
         # (slots routed elsewhere leave zeros)
@@ -1358,13 +1424,16 @@ def direct_split(top_k: int, tiles: int, sms: int, cfg: dict) -> int:
 
 
 def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
-               rsf=1.0, direct=False, launch_dependents=False, wait_prior=False, scale_shift=0):
+               rsf=1.0, direct=False, launch_dependents=False, wait_prior=False, scale_shift=0, ready=None):
     """One GEMM launch. align: moe_align's (sorted ids, expert ids, count);
     direct: one token, align = (its top-k ids,) * 3 (see the kernel's DIRECT).
     launch_dependents: let the next launch start now (one token's gate/up
     before a dependent down GEMM, dependent_down). scale_shift: the INT4
-    scale fragments' power of two (W4A16Weights.shift13 / shift2)."""
-    sorted_ids, expert_ids, _ = align
+    scale fragments' power of two (W4A16Weights.shift13 / shift2). ready:
+    block_ready's counts (moe_align's fourth output): the gate/up GEMM counts
+    its finished row tiles per block there, the down GEMM (wait_prior) waits
+    for each block's."""
+    sorted_ids, expert_ids = align[0], align[1]
     E, RT, KG = Wf.shape[:3]
     assert cfg.get("kernel") == "frag", f"packed weights need a fragment-kernel config, not {cfg}"
     # 16-byte activation loads; scale rows contiguous along K
@@ -1393,17 +1462,20 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         grid = (tiles, 1)
     else:
         grid = (tiles, max(1, min(expert_ids.shape[0], E, num_valid)))
+    wait_ready = ready is not None and not gated
+    assert not wait_ready or (wait_prior and not bulk), "block_ready: a dependent down GEMM on the register path"
     _moe_frag_kernel[grid](
-        x, Wf, s, g, out, tw, sorted_ids, expert_ids, align[2],
+        x, Wf, s, g, out, tw, sorted_ids, expert_ids, align[2], align[2] if ready is None else ready,
         num_valid, top_k, KG,
         x.stride(0) // 2, Wf.stride(0), Wf.stride(1), s.stride(0), s.stride(1), out.stride(0),
         (RT // 2) if gated else 0, (128.0 if (fmt == "nvfp4" and not _interpreting()) else 1.0) * 2.0**scale_shift,
-        float(swiglu_limit or 0.0), float(rsf), E,
+        float(swiglu_limit or 0.0), float(rsf), E, x.shape[1] // 16 if wait_ready else 0,
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
         NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=depth, EVEN_K=KG % (nw * depth) == 0,
         INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
         SCALES_AHEAD=scales_ahead, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=launch_dependents, PREFETCH=prefetch,
         WAIT_PRIOR=wait_prior, L2_STEPS=int(cfg.get("pdl") or 0) if wait_prior and direct else 0,
+        SIGNAL_READY=ready is not None and gated, WAIT_READY=wait_ready,
         num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch or wait_prior else {}),
         **register_cap(cfg),
     )
@@ -1450,13 +1522,15 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
                    scale_shift=weights.shift2)
         return out
     dep = dependent_launches(cfg, x.device)
-    align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep)
+    by_block = block_ready(cfg, dep, weights.w2.shape[2])
+    align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep, ready=by_block)
+    ready = align[3] if by_block else None
     inter = torch.empty((align[0].shape[0], I), dtype=torch.bfloat16, device=x.device)
     _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, align, k, I, weights.fmt,
                cfg["gate_up"], True, False, swiglu_limit, num_valid, launch_dependents="down" in dep,
-               wait_prior="gate_up" in dep, scale_shift=weights.shift13)
+               wait_prior="gate_up" in dep, scale_shift=weights.shift13, ready=ready)
     buf = torch.empty((num_valid, H), dtype=torch.float32, device=x.device)
     _frag_gemm(inter, weights.w2, weights.s2, weights.g2, buf, topk_weights, align, k, H, weights.fmt,
                cfg["down"], False, True, None, num_valid, launch_dependents="combine" in dep,
-               wait_prior="down" in dep, scale_shift=weights.shift2)
+               wait_prior="down" in dep, scale_shift=weights.shift2, ready=ready)
     return combine(buf, topk_ids, E, routed_scaling_factor, out, wait_prior="combine" in dep)

@@ -179,10 +179,11 @@ def align_capacity(n_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 @triton.jit
-def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, num_post_ptr,
+def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, num_post_ptr, ready_ptr,
                   n, E, CAP,
                   BLOCK: tl.constexpr, E_BINS: tl.constexpr, BLOCK_M: tl.constexpr,
-                  INIT_BLOCK: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = False):
+                  INIT_BLOCK: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = False,
+                  READY: tl.constexpr = False):
     # Single program: decode-sized inputs (n <= 8192 pairs).
     if LAUNCH_DEPENDENTS:  # the GEMM after it may launch now (it waits for this kernel's outputs)
         tl.extra.cuda.gdc_launch_dependents()
@@ -202,6 +203,8 @@ def _align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, num_post_ptr,
     for i in range(0, tl.cdiv(CAP, INIT_BLOCK)):
         o = i * INIT_BLOCK + tl.arange(0, INIT_BLOCK)
         tl.store(sorted_ptr + o, n + tl.zeros_like(o), mask=o < CAP)
+        if READY:  # the blocks' ready counts (moe_align's ready) start at zero
+            tl.store(ready_ptr + o, tl.zeros_like(o), mask=o < CAP // BLOCK_M)
     tl.debug_barrier()  # the fill lands before the scatter below writes over it (other threads, same rows)
     # stable order inside an expert: sort by (expert, pair index)
     key = eb * BLOCK + offs
@@ -254,26 +257,31 @@ def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int):
 MAX_ALIGN_PAIRS = 8192
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, launch_dependents: bool = False):
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, launch_dependents: bool = False,
+              ready: bool = False):
     """-> (sorted_ids [cap] int32, expert_ids [cap // block_m] int32,
     num_tokens_post_padded [1] int32). Rows past num_post hold the sentinel n.
     launch_dependents: the next launch (a programmatic dependent one) may start
-    at once."""
+    at once. ready: also a zeroed int32 count per block [cap // block_m] (the
+    fragment kernel's block_ready: the gate/up GEMM counts a block's finished
+    row tiles there, and the down GEMM starts on a block once all are in)."""
     n = topk_ids.numel()
     if n > MAX_ALIGN_PAIRS or n == 0:
-        return moe_align_reference(topk_ids, num_experts, block_m)
+        out = moe_align_reference(topk_ids, num_experts, block_m)
+        return out + (torch.zeros_like(out[1]),) if ready else out
     flat = topk_ids.reshape(-1).to(torch.int32).contiguous()
     cap = align_capacity(n, num_experts, block_m)
     dev = flat.device
     sorted_ids = torch.empty((cap,), dtype=torch.int32, device=dev)
     expert_ids = torch.empty((max(cap // block_m, 1),), dtype=torch.int32, device=dev)
     num_post = torch.empty((1,), dtype=torch.int32, device=dev)
+    counts = torch.empty_like(expert_ids) if ready else num_post
     e_bins = triton.next_power_of_2(num_experts + 1)
     block = max(triton.next_power_of_2(n), 16)
-    _align_kernel[(1,)](flat, sorted_ids, expert_ids, num_post, n, num_experts, cap,
+    _align_kernel[(1,)](flat, sorted_ids, expert_ids, num_post, counts, n, num_experts, cap,
                         BLOCK=block, E_BINS=e_bins, BLOCK_M=block_m, INIT_BLOCK=1024,
-                        LAUNCH_DEPENDENTS=launch_dependents, num_warps=4 if block <= 1024 else 8)
-    return sorted_ids, expert_ids, num_post
+                        LAUNCH_DEPENDENTS=launch_dependents, READY=ready, num_warps=4 if block <= 1024 else 8)
+    return (sorted_ids, expert_ids, num_post, counts) if ready else (sorted_ids, expert_ids, num_post)
 
 
 # --------------------------------------------------------------------------
