@@ -1,5 +1,6 @@
 """Packaging, version, configs, model shapes."""
 
+import copy
 import os
 import re
 import zipfile
@@ -63,6 +64,33 @@ def test_config_rejects_unknown_dependent_launches(value):
     data["int4"]["64"]["dependent_launches"] = value
     with pytest.raises(ValueError, match=r"bad.json: int4: dependent_launches .*" + re.escape(repr(value))):
         configs.validate("bad.json", data)
+
+
+@pytest.mark.parametrize("dep", [False, ["gate_up", "combine"]])
+def test_config_block_ready_needs_a_dependent_down(dep):
+    """block_ready (the down GEMM waiting per expert block) is refused unless
+    the down GEMM is a dependent launch, naming the file and the format."""
+    data = copy.deepcopy(configs.load_file("default.json"))
+    bucket = data["nvfp4"]["64"]
+    bucket["block_ready"] = True
+    bucket["dependent_launches"] = ["gate_up", "down"]
+    configs.validate("ok.json", data)
+    bucket["dependent_launches"] = dep
+    with pytest.raises(ValueError, match=r"bad.json: nvfp4: block_ready needs the down GEMM"):
+        configs.validate("bad.json", data)
+
+
+def test_block_ready_only_for_a_dependent_register_path_down():
+    """block_ready applies where the down GEMM is a dependent launch reading
+    its rows with plain loads, not through a ring's bulk copies."""
+    from sm120_kernels import fused_moe_w4a16_frag as F
+
+    reg = {"NT": 1, "num_warps": 1, "pipe": False, "depth": 2, "RT": 2}
+    ring = {**reg, "depth": 4, "bulk": 2}
+    assert F.block_ready({"block_ready": True, "down": reg}, frozenset({"gate_up", "down"}), 32)
+    assert not F.block_ready({"block_ready": True, "down": reg}, frozenset({"gate_up"}), 32)
+    assert not F.block_ready({"block_ready": True, "down": ring}, frozenset({"gate_up", "down"}), 32)
+    assert not F.block_ready({"down": reg}, frozenset({"gate_up", "down"}), 32)
 
 
 def test_dependent_launches_stay_off_without_a_gpu():

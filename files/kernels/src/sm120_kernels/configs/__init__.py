@@ -25,7 +25,9 @@ for that many K steps of its first slot first).
 
 Whole-bucket key dependent_launches (sm_90 and newer; true, or a list of
 DEPENDENT_LAUNCHES): those launches start while the launch before them
-runs (programmatic dependent launch) and wait for its outputs.
+runs (programmatic dependent launch) and wait for its outputs. block_ready
+(with "down" among them, its config on the register path): the down GEMM
+starts on each expert block once the gate/up GEMM has written all of it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ def validate(name: str, data: dict) -> dict:
             if not (isinstance(dep, bool) or (isinstance(dep, list) and set(dep) <= set(DEPENDENT_LAUNCHES))):
                 raise ValueError(f"{name}: {fmt}: dependent_launches is true, false or a list of "
                                  f"{list(DEPENDENT_LAUNCHES)}, not {dep!r}")
+            if bucket.get("block_ready") and not (dep is True or (isinstance(dep, list) and "down" in dep)):
+                raise ValueError(f"{name}: {fmt}: block_ready needs the down GEMM among dependent_launches")
             if bucket["gate_up"].get("NT") != bucket["down"].get("NT"):
                 raise ValueError(f"{name}: {fmt}: gate_up and down must share NT (one alignment)")
     return data
