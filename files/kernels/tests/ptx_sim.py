@@ -1,5 +1,5 @@
 """A small interpreter for the inline PTX of the fragment kernel: 32-bit logic
-(mov, and, or, shl, shr, shf.l.wrap, prmt, lop3, mad.lo), bf16x2 fma, the e4m3 scale conversions, and
+(mov, and, or, shl, shr, shf.l.wrap, prmt, lop3, mad.lo), bf16x2 fma, and
 mma.sync.m16n8k16 (bf16 in, fp32 accumulate) across a warp's 32 lanes. The
 Triton interpreter cannot run inline PTX, so without this the CPU tier never
 executes those strings; with it, the exact text the GPU compiles is run on CPU,
@@ -7,7 +7,7 @@ value by value, in exact arithmetic with round-to-nearest-even, as the PTX ISA
 defines each instruction (the MMA sums exactly, then rounds once: tests give it
 sums that fp32 holds exactly, where every summation order agrees).
 
-Registers hold bit patterns as Python ints (32 bits; 16 for .b16/.f16 halves).
+Registers hold bit patterns as Python ints (32 bits; 16 for .b16 halves).
 """
 
 from __future__ import annotations
@@ -73,10 +73,6 @@ def bf16_bits(v: Fraction, negative_zero: bool = False) -> int:
     return _encode(_round(v, 7, -126), 8, 7, negative_zero)
 
 
-def f16_value(bits: int) -> Fraction:
-    return _decode(bits & 0xFFFF, 5, 10)
-
-
 def f32_value(bits: int) -> Fraction:
     return _decode(bits & MASK32, 8, 23)
 
@@ -134,7 +130,7 @@ class PTX:
     """Runs a straight-line PTX block. `inputs` maps operand tokens (``$2``,
     ``$W``) to their register bits; after run(), ``regs`` holds every register."""
 
-    OPS = {"mov", "and", "or", "shl", "shr", "shf", "prmt", "lop3", "mad", "fma", "cvt", "mul"}
+    OPS = {"mov", "and", "or", "shl", "shr", "shf", "prmt", "lop3", "mad", "fma"}
 
     def __init__(self, asm: str, inputs: dict[str, int]):
         body = asm.strip()
@@ -235,25 +231,6 @@ class PTX:
         lo = _fma_bf16(a & 0xFFFF, b & 0xFFFF, c & 0xFFFF)
         hi = _fma_bf16(a >> 16, b >> 16, c >> 16)
         self.regs[d] = lo | (hi << 16)
-
-    def _mul(self, mods, ops):
-        assert mods == ["f32"], f"mul.{'.'.join(mods)} not modelled"  # .rn is mul.f32's default
-        self.regs[ops[0]] = f32_bits(f32_value(self.value(ops[1])) * f32_value(self.value(ops[2])))
-
-    def _cvt(self, mods, ops):
-        kind = ".".join(mods)
-        if kind == "rn.f16x2.e4m3x2":  # two e4m3 bytes of a 16-bit register -> f16x2, low byte low
-            src = self.value(ops[1])
-            lo, hi = (_encode(e4m3_value((src >> s) & 0xFF), 5, 10, negative_zero=(src >> s) & 0xFF == 0x80)
-                      for s in (0, 8))
-            self.regs[ops[0]] = lo | (hi << 16)
-        elif kind == "f32.f16":  # exact
-            self.regs[ops[0]] = f32_bits(f16_value(self.value(ops[1])))
-        elif kind == "rn.bf16x2.f32":  # d = {cvt(a) in the upper half, cvt(b) in the lower}
-            a, b = f32_value(self.value(ops[1])), f32_value(self.value(ops[2]))
-            self.regs[ops[0]] = bf16_bits(b) | (bf16_bits(a) << 16)
-        else:
-            raise AssertionError(f"cvt.{kind} not modelled")
 
 
 # ---------------------------------------------------------------- a warp
