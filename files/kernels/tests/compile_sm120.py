@@ -99,7 +99,8 @@ def _gemm_variants():
                                dict(const, DIRECT=True, KP=8, BULK=bulk, RING=ring,
                                     LAUNCH_DEPENDENTS=(prefetch or pdl) and gated, PREFETCH=prefetch and not gated,
                                     WAIT_PRIOR=pdl and not gated,
-                                    L2_STEPS=int(cfgs["down"]["pdl"]) if pdl and not gated else 0),
+                                    L2_STEPS=int(cfgs["down"]["pdl"]) if pdl and not gated else 0,
+                                    SIGNAL_READY=False, WAIT_READY=False),
                                c["num_warps"], 1)
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:
@@ -131,14 +132,16 @@ def other_variants():
     for dependent in (False, True):  # dependent: a programmatic dependent launch (dependent_launches)
         yield (f"combine{'[dependent]' if dependent else ''}", M._combine_kernel, sig,
                {"BLOCK_H": M.COMBINE_BLOCK_H, "KP": 8, "INTERP": False, "WAIT_PRIOR": dependent}, 4, 1)
-    for n, warps, dependents in ((64, 4, False), (64, 4, True), (2048, 4, False), (8192, 8, False)):
+    # dependents: lets the gate/up GEMM launch at once; ready: zeroes block_ready's counts
+    for n, warps, dependents, ready in ((64, 4, False, False), (64, 4, True, False), (64, 4, True, True),
+                                        (2048, 4, False, False), (8192, 8, False, False)):
         sig = {"ids_ptr": "*i32", "sorted_ptr": "*i32", "expert_ids_ptr": "*i32", "num_post_ptr": "*i32",
-               "n": "i32", "E": "i32", "CAP": "i32", "BLOCK": "constexpr",
+               "ready_ptr": "*i32", "n": "i32", "E": "i32", "CAP": "i32", "BLOCK": "constexpr",
                "E_BINS": "constexpr", "BLOCK_M": "constexpr", "INIT_BLOCK": "constexpr",
-               "LAUNCH_DEPENDENTS": "constexpr"}
-        yield (f"align[{n}]{'[dependents]' if dependents else ''}", R._align_kernel, sig,
-               {"BLOCK": n, "E_BINS": 512, "BLOCK_M": 16, "INIT_BLOCK": 1024, "LAUNCH_DEPENDENTS": dependents},
-               warps, 1)
+               "LAUNCH_DEPENDENTS": "constexpr", "READY": "constexpr"}
+        yield (f"align[{n}]{'[dependents]' if dependents else ''}{'[ready]' if ready else ''}", R._align_kernel,
+               sig, {"BLOCK": n, "E_BINS": 512, "BLOCK_M": 16, "INIT_BLOCK": 1024, "LAUNCH_DEPENDENTS": dependents,
+                     "READY": ready}, warps, 1)
     for model in MODELS:
         sig = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i32",
                "E": "i32", "stride_l": "i64", "rsf": "fp32"}

@@ -58,7 +58,7 @@ def test_config_rejects_unknown_dependent_launches(value):
     """dependent_launches is true, false or a list of the launches that can
     wait on the one before; anything else is refused when the file loads,
     naming the file, the format and the value."""
-    data = configs.load_file("default.json")
+    data = copy.deepcopy(configs.load_file("default.json"))  # the loaded file is cached: not this one
     configs.validate("default.json", {**data, "int4": {**data["int4"], "64": {**data["int4"]["64"],
                                                                           "dependent_launches": ["gate_up"]}}})
     data["int4"]["64"]["dependent_launches"] = value
@@ -206,7 +206,8 @@ def test_dependent_trials():
     """The tuner's last stage: one token's down GEMM on the register path tries
     pdl (0 and 1 K steps asked of L2), a prefetching ring down GEMM nothing
     more; several tokens and the four-launch path try the dependent launches,
-    all or the GEMMs only."""
+    all or the GEMMs only, each also with block_ready where the down GEMM
+    runs on the register path."""
     from sm120_kernels import bench
 
     reg = {"gate_up": {"num_warps": 8}, "down": {"num_warps": 4, "pipe": True}}
@@ -214,5 +215,9 @@ def test_dependent_trials():
     assert [t["down"].get("pdl") for t in bench.dependent_trials(reg, 1)] == [None, 0, 1]
     assert bench.dependent_trials(ring, 1) == [ring]
     for cfg, batch in ((reg, 8), ({**reg, "direct": False}, 1)):
-        assert [t.get("dependent_launches") for t in bench.dependent_trials(cfg, batch)] == [
-            None, True, ["gate_up", "down"]]
+        trials = bench.dependent_trials(cfg, batch)
+        assert [(t.get("dependent_launches"), t.get("block_ready")) for t in trials] == [
+            (None, None), (True, None), (["gate_up", "down"], None), (True, True), (["gate_up", "down"], True)]
+    # block_ready is not tried where the down GEMM runs through rings
+    ring8 = {**reg, "down": {"num_warps": 1, "bulk": 2}}
+    assert not any(t.get("block_ready") for t in bench.dependent_trials(ring8, 8))
