@@ -56,7 +56,7 @@ import triton.language as tl
 
 from . import routing
 from .configs import register_cap
-from .fused_moe_w4a16 import FORMATS, W4A16Weights, _fp4_val, _interpreting, _to_bf16, combine
+from .fused_moe_w4a16 import FORMATS, W4A16Weights, _fp4_val, _interpreting, _to_bf16, combine, e4m3_to_float
 
 # --------------------------------------------------------------------------
 # Packing (host, once per layer at load time)
@@ -138,28 +138,19 @@ NVFP4_SCALE_NEG_ZERO = 0x99  # -2**-129: every product rounds to -0 or 0
 _SCALE_BASE = tl.constexpr(NVFP4_SCALE_BASE)
 
 
-def _e4m3_float(byte: int) -> float:
-    """OCP e4m3 (bias 7; 0x7F and 0xFF are NaN)."""
-    e, m = (byte >> 3) & 0xF, byte & 7
-    v = m * 2.0**-9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
-    return -v if byte & 0x80 else v
-
-
 def _nvfp4_scale_tables() -> tuple[torch.Tensor, torch.Tensor]:
     """(encode: e4m3 byte -> c, -1 for negative or NaN scales; decode: c -> e4m3 byte)."""
     enc, dec = [-1] * 256, [0x7F] * 256
-    for byte in range(256):
-        if byte & 0x7F == 0x7F:
-            continue
-        v = _e4m3_float(byte)
+    values = e4m3_to_float(torch.arange(256, dtype=torch.int32).to(torch.uint8)).tolist()
+    for byte, v in enumerate(values):
         if byte in (0, 0x80):
             c = NVFP4_SCALE_ZERO if byte == 0 else NVFP4_SCALE_NEG_ZERO
-        elif v > 0:
+        elif v > 0 and math.isfinite(v):
             f, e = math.frexp(v)  # v = f * 2**e, 0.5 <= f < 1
             c = ((e - 1 + 9) << 3) | int((2 * f - 1) * 8)
             bits = c * 16 + NVFP4_SCALE_BASE
             assert c < 0x90 and (1 + (bits & 0x7F) / 128) * 2.0 ** ((bits >> 7) - 127) == v * 2.0**119, hex(byte)
-        else:
+        else:  # negative, NaN
             continue
         enc[byte], dec[c] = c, byte
     return torch.tensor(enc, dtype=torch.int32), torch.tensor(dec, dtype=torch.int32)
