@@ -83,15 +83,9 @@ def _gemm_variants():
                     bulk, ring = F.ring_launch(c, k_words, two, 8 * c["NT"])
                     # block_ready: the gate/up counts each block's row tiles, the down waits for them
                     ready = F.block_ready(cfgs, frozenset(dep), model.inter // 64)
-                    # inline_align: each program works out the alignment of the bucket's pairs
-                    pairs = int(bucket) * model.top_k
-                    inline = F.inline_align(cfgs, pairs)
                     yield (f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig,
                            dict(const, BULK=bulk, RING=ring, SIGNAL_READY=ready and gated,
-                                WAIT_READY=ready and not gated, INLINE=inline,
-                                PAIRS=triton.next_power_of_2(pairs) if inline else 1,
-                                E_BINS=triton.next_power_of_2(model.local_experts + 1) if inline else 1),
-                           c["num_warps"], 1)
+                                WAIT_READY=ready and not gated), c["num_warps"], 1)
                     if bucket == "1" and c["NT"] == 1:  # one token: the two-launch path (bf16 output)
                         bulk, ring = F.ring_launch(c, k_words, two, 1)  # one activation row
                         # a dependent down GEMM (dependent_down on sm_90 and newer: through
@@ -106,7 +100,7 @@ def _gemm_variants():
                                     LAUNCH_DEPENDENTS=(prefetch or pdl) and gated, PREFETCH=prefetch and not gated,
                                     WAIT_PRIOR=pdl and not gated,
                                     L2_STEPS=int(cfgs["down"]["pdl"]) if pdl and not gated else 0,
-                                    SIGNAL_READY=False, WAIT_READY=False, INLINE=False, PAIRS=1, E_BINS=1),
+                                    SIGNAL_READY=False, WAIT_READY=False),
                                c["num_warps"], 1)
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:

@@ -149,45 +149,6 @@ def test_block_ready(fmt, T):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
-@pytest.mark.parametrize("T", [8, 40])
-@pytest.mark.parametrize("by_block", [False, True])
-def test_inline_alignment(fmt, T, by_block):
-    """inline_align (no alignment launch; each GEMM program works out the
-    layout from the ids), with and without block_ready: the aligned path's
-    output bit for bit on several calls in a row and on replays of one CUDA
-    graph, and block_ready's counts back at zero after each (the last down
-    program on a block zeroes them)."""
-    from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F
-
-    E, H, I = 8, 1024, 2048
-    dev = torch.device("cuda")
-    aligned = {**configs.load_file("default.json")[fmt]["64"], "dependent_launches": ["gate_up", "down"],
-               "block_ready": by_block}
-    cfg = {**aligned, "inline_align": True}
-    assert F.inline_align(cfg, T * 4) and F.block_ready(cfg, F.dependent_launches(cfg, dev), I // 64) == by_block
-    W = M.random_weights(fmt, E, H, I, "cuda", seed=13)
-    for seed in (10, 11, 12):
-        torch.manual_seed(seed)
-        ids = _random_ids(T, E, 4)
-        x = torch.randn((T, H), device="cuda").to(torch.bfloat16)
-        tw = torch.rand(ids.shape, device="cuda")
-        want = M.fused_moe_w4a16(x, W, tw, ids, config=aligned, routed_scaling_factor=1.5)
-        got = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, routed_scaling_factor=1.5)
-        torch.cuda.synchronize()
-        assert torch.equal(got, want), seed
-        assert torch.count_nonzero(F.inline_counts(dev)) == 0
-    out = torch.empty_like(got)
-    replay = registry.graphed(lambda: M.fused_moe_w4a16(x, W, tw, ids, config=cfg, routed_scaling_factor=1.5,
-                                                        out=out))
-    for _ in range(5):
-        out.zero_()
-        replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, want)
-        assert torch.count_nonzero(F.inline_counts(dev)) == 0
-
-
-@pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
 @pytest.mark.parametrize("l2_steps", [0, 1, 4])
 @pytest.mark.parametrize("first_live", [0, 1])
 def test_one_token_down_pdl(fmt, l2_steps, first_live):

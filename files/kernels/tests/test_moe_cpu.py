@@ -106,46 +106,6 @@ def test_one_token_direct_path(interpret, monkeypatch, fmt, kn, rt, split, ids):
     torch.testing.assert_close(out.float(), aligned.float(), rtol=2 ** -7, atol=1e-5)
 
 
-@pytest.mark.parametrize("fmt,T,family", [("nvfp4", 20, "frag2"), ("int4", 6, "frag")])
-def test_inline_alignment(interpret, monkeypatch, fmt, T, family):
-    """inline_align: no alignment launch, each GEMM program works out the
-    layout from the top-k ids, and the output is the aligned path's bit for
-    bit (the same rows in the same order). T 20 with 16-token blocks: an
-    expert over two blocks; ids routed elsewhere (-1), out of range (9), an
-    expert with no tokens, a token with no local slot."""
-    aligned_calls = []
-    align = F.routing.moe_align
-    monkeypatch.setattr(F.routing, "moe_align", lambda *a, **kw: aligned_calls.append(a) or align(*a, **kw))
-    E, H, I, k = 4, 128, 64, 3
-    g = torch.Generator().manual_seed(T)
-    ids = torch.randint(0, 3, (T, k), generator=g, dtype=torch.int32)
-    ids[0] = torch.tensor([0, -1, 2], dtype=torch.int32)
-    ids[1] = torch.tensor([-1, 9, -1], dtype=torch.int32)
-    if family == "frag2":
-        ids[2:, 0] = 1
-    cfg = dict(FAMILY_CFG[family], inline_align=True)
-    out, ref, (x, W, tw) = _run(fmt, T, E, H, I, ids, rsf=1.5, seed=T, cfg=cfg)
-    assert not aligned_calls, "inline_align takes the path without the alignment launch"
-    assert compare(out, ref).ok, compare(out, ref).detail
-    aligned = M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=FAMILY_CFG[family])
-    assert len(aligned_calls) == 1
-    assert torch.equal(out, aligned)
-    assert torch.count_nonzero(out[1]) == 0
-
-
-def test_inline_alignment_limits():
-    """inline_align applies from 1 to INLINE_ALIGN_PAIRS (token, slot) pairs,
-    where the per-block counts fit, and only where the config asks for it."""
-    on = {"inline_align": True}
-    assert F.inline_align(on, 1) and F.inline_align(on, F.INLINE_ALIGN_PAIRS)
-    assert not F.inline_align(on, F.INLINE_ALIGN_PAIRS + 1) and not F.inline_align(on, 0)
-    assert not F.inline_align({}, 64)
-    from sm120_kernels import routing
-
-    # every layout of that many pairs fits the counts (the most experts and the largest block)
-    assert routing.align_capacity(F.INLINE_ALIGN_PAIRS, 10 ** 6, 16) // 8 <= F.INLINE_MAX_BLOCKS
-
-
 @pytest.mark.parametrize("k,tiles,expect", [
     (6, 128, 2), (8, 128, 2),  # EP8 (DeepSeek-V4-Flash, Kimi-K2.5): 2 programs per row tile walk the slots
     (6, 32, 6), (8, 32, 8),  # TP4: every slot local, 32 row tiles: a program per slot

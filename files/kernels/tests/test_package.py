@@ -80,18 +80,6 @@ def test_config_block_ready_needs_a_dependent_down(dep):
         configs.validate("bad.json", data)
 
 
-@pytest.mark.parametrize("value", ["yes", 1])
-def test_config_inline_align_is_a_bool(value):
-    """inline_align is true or false; anything else is refused, naming the
-    file, the format and the value."""
-    data = copy.deepcopy(configs.load_file("default.json"))
-    data["int4"]["64"]["inline_align"] = True
-    configs.validate("ok.json", data)
-    data["int4"]["64"]["inline_align"] = value
-    with pytest.raises(ValueError, match=r"bad.json: int4: inline_align is true or false, not " + re.escape(repr(value))):
-        configs.validate("bad.json", data)
-
-
 def test_block_ready_only_for_a_dependent_register_path_down():
     """block_ready applies where the down GEMM is a dependent launch reading
     its rows with plain loads, not through a ring's bulk copies."""

@@ -655,13 +655,6 @@ def block_ready(cfg: dict, dep: frozenset, down_kg: int) -> bool:
     return bool(cfg.get("block_ready")) and "down" in dep and not ring_launch(cfg["down"], down_kg, False, 8)[0]
 
 
-def inline_align(cfg: dict, pairs: int) -> bool:
-    """Whether the GEMMs work out the alignment themselves (whole-config key
-    "inline_align"; up to INLINE_ALIGN_PAIRS (token, slot) pairs), with no
-    alignment launch before them."""
-    return bool(cfg.get("inline_align")) and 0 < pairs <= INLINE_ALIGN_PAIRS
-
-
 def dependent_down(cfg: dict, kg: int, device) -> bool:
     """Whether one token's down GEMM is a programmatic dependent launch: it
     prefetches through its rings (ring_prefetch), or config "pdl" (the
@@ -830,70 +823,6 @@ def _l2_ask(p):
     """Ask L2 for the line at p; no register waits for it."""
     tl.inline_asm_elementwise(asm="prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", constraints="=r,l", args=[p],
                               dtype=tl.int32, is_pure=False, pack=1)
-
-
-# The inline alignment's block_ready counts: [ready | done] per expert block, at
-# most INLINE_MAX_BLOCKS blocks (INLINE_ALIGN_PAIRS pairs of 16-token blocks fit)
-INLINE_ALIGN_PAIRS = 512
-INLINE_MAX_BLOCKS = 1024
-_DONE_AT = tl.constexpr(INLINE_MAX_BLOCKS)  # the done counts' offset (jit code reads constexprs)
-_INLINE_COUNTS: dict = {}
-
-
-def inline_counts(device) -> torch.Tensor:
-    """block_ready's counts under the inline alignment: nothing is launched
-    before the gate/up GEMM to zero them, so they are zero between calls
-    instead (the last down program to start on a block zeroes its two). One
-    set per device, made once and kept (a captured CUDA graph holds their
-    address; a graph captured on another stream after warm-up calls uses the
-    same set): calls with block_ready and inline_align on one device must not
-    overlap, as SGLang's MoE layers, one after another on one stream, do not."""
-    key = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
-    if key not in _INLINE_COUNTS:
-        _INLINE_COUNTS[key] = torch.zeros(2 * INLINE_MAX_BLOCKS, dtype=torch.int32, device=device)
-    return _INLINE_COUNTS[key]
-
-
-@triton.jit
-def _inline_layout(ids_ptr, n, E, BM: tl.constexpr, PAIRS: tl.constexpr, E_BINS: tl.constexpr):
-    """routing.moe_align's layout from the n top-k ids, in each program
-    (INLINE): each pair's expert (E: not on this rank) and the end row of each
-    expert's run in the padded order (runs of BM rows, experts ascending)."""
-    offs = tl.arange(0, PAIRS)
-    # .cg (L2): a dependent down GEMM reads them before any wait of its own
-    e = tl.load(ids_ptr + offs, mask=offs < n, other=-1, cache_modifier=".cg")
-    eb = tl.where((e >= 0) & (e < E), e, E)
-    counts = tl.histogram(eb, E_BINS)
-    bins = tl.arange(0, E_BINS)
-    padded = tl.where(bins < E, (counts + BM - 1) // BM * BM, 0)
-    return eb, tl.cumsum(padded, 0)
-
-
-@triton.jit
-def _inline_block(eb, pad_end, mb, n, BM: tl.constexpr, PAIRS: tl.constexpr):
-    """Block mb of _inline_layout's order: its expert and its BM rows' pairs
-    (in pair order within the expert, as moe_align; n for padding rows)."""
-    row = mb * BM
-    before = pad_end <= row  # the experts whose runs end at or before the block
-    e = tl.sum(before.to(tl.int32))
-    start = tl.max(tl.where(before, pad_end, 0))
-    mine = eb == e
-    at = tl.cumsum(mine.to(tl.int32), 0) - 1 + start  # the padded row of each of e's pairs
-    rows = row + tl.arange(0, BM)
-    hit = mine[None, :] & (at[None, :] == rows[:, None])
-    return e, tl.min(tl.where(hit, tl.arange(0, PAIRS)[None, :], n), 1)
-
-
-@triton.jit
-def _inline_done(ready_ptr, mb, readers):
-    """After every thread's _ready_wait on block mb: count this program as
-    started on it; the last of the readers zeroes the block's two counts for
-    the next call (every count and every wait on them is then done)."""
-    tl.debug_barrier()
-    done_ptr = ready_ptr + _DONE_AT + mb
-    if tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu") == readers - 1:
-        tl.store(ready_ptr + mb, 0)
-        tl.store(done_ptr, 0)
 
 
 # --------------------------------------------------------------------------
@@ -1242,7 +1171,6 @@ def _moe_frag_kernel(
     SCALES_AHEAD: tl.constexpr = False, BULK: tl.constexpr = 0, RING: tl.constexpr = "",
     LAUNCH_DEPENDENTS: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False,
     L2_STEPS: tl.constexpr = 0, SIGNAL_READY: tl.constexpr = False, WAIT_READY: tl.constexpr = False,
-    INLINE: tl.constexpr = False, PAIRS: tl.constexpr = 1, E_BINS: tl.constexpr = 1,
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -1275,13 +1203,7 @@ def _moe_frag_kernel(
     counts each finished row tile of block mb at ready_ptr[mb]; WAIT_READY
     (down, launched with launch_pdl) starts on block mb once that count is
     ready_target, and reads the gate/up GEMM's rows through the coherent
-    path.
-
-    INLINE (several tokens; no alignment launch): sorted_ids_ptr is the
-    flat top-k ids (num_valid of them, PAIRS a power of two at least that),
-    and each program works out moe_align's layout itself (_inline_layout,
-    _inline_block); under WAIT_READY the last down program on a block zeroes
-    its counts (_inline_done)."""
+    path."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
     # the rings' layout (ring_bytes): per warp BULK stages of STAGE bytes, then
@@ -1311,11 +1233,7 @@ def _moe_frag_kernel(
             tl.extra.cuda.gdc_wait()
         # WAIT_READY: the alignment ended before any gate/up program let this
         # launch start; its count read from L2, not a cached line
-        if INLINE:
-            eb, pad_end = _inline_layout(sorted_ids_ptr, num_valid, num_experts, BM, PAIRS, E_BINS)
-            nblk = tl.max(pad_end) // BM
-        else:
-            nblk = tl.load(num_post_ptr, volatile=WAIT_READY) // BM
+        nblk = tl.load(num_post_ptr, volatile=WAIT_READY) // BM
     x32 = x_ptr.to(tl.pointer_type(tl.int32))
     l32 = tl.arange(0, 32)
     # DIRECT down: the token's sums over its slots (C rows gi and gi + 8 of
@@ -1366,20 +1284,12 @@ def _moe_frag_kernel(
             e = tl.where(live, e_id, 0).to(tl.int64)
             sid = tl.where(gi == 0, mb, num_valid)
         else:
-            if INLINE:  # (before a wait: worked out while the gate/up GEMM runs)
-                e_in, sids = _inline_block(eb, pad_end, mb, num_valid, BM, PAIRS)
             if WAIT_READY:  # the block's rows from every gate/up program
                 _ready_wait(ready_ptr + mb + t * 0, ready_target)
-                if INLINE:
-                    _inline_done(ready_ptr, mb, tl.num_programs(0))
+            e = tl.load(expert_ids_ptr + mb).to(tl.int64)
             live = mb >= 0
             # the lane's B column: token slot gi (and gi + 8) of this block
-            if INLINE:
-                e = e_in.to(tl.int64)
-                sid = tl.gather(sids, gi, 0)
-            else:
-                e = tl.load(expert_ids_ptr + mb).to(tl.int64)
-                sid = tl.load(sorted_ids_ptr + mb * BM + gi)
+            sid = tl.load(sorted_ids_ptr + mb * BM + gi)
         valid = sid < num_valid
         if live:
             if X_IS_SORTED:
@@ -1390,10 +1300,7 @@ def _moe_frag_kernel(
             xb2 = xb
             valid2 = valid
             if NT == 2:  # the second n8 tile: token slots 8 .. 15
-                if INLINE:
-                    sid2 = tl.gather(sids, 8 + gi, 0)
-                else:
-                    sid2 = tl.load(sorted_ids_ptr + mb * BM + 8 + gi)
+                sid2 = tl.load(sorted_ids_ptr + mb * BM + 8 + gi)
                 valid2 = sid2 < num_valid
                 if X_IS_SORTED:
                     xr2 = (mb * BM + 8 + gi).to(tl.int64)
@@ -1452,9 +1359,6 @@ def _moe_frag_kernel(
                 slot = mb * BM + 8 * (j // 4) + 2 * (l32 % 4) + (j % 2)
                 if DIRECT:  # block mb holds slot mb in column 0 only (GATED here)
                     okj = slot == mb * BM
-                elif INLINE:
-                    sidj = tl.gather(sids, slot - mb * BM, 0)
-                    okj = sidj < num_valid
                 else:
                     sidj = tl.load(sorted_ids_ptr + slot)
                     okj = sidj < num_valid
@@ -1511,8 +1415,7 @@ def direct_split(top_k: int, tiles: int, sms: int, cfg: dict) -> int:
 
 
 def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
-               rsf=1.0, direct=False, launch_dependents=False, wait_prior=False, scale_shift=0, ready=None,
-               inline_blocks=0):
+               rsf=1.0, direct=False, launch_dependents=False, wait_prior=False, scale_shift=0, ready=None):
     """One GEMM launch. align: moe_align's (sorted ids, expert ids, count);
     direct: one token, align = (its top-k ids,) * 3 (see the kernel's DIRECT).
     launch_dependents: let the next launch start now (one token's gate/up
@@ -1520,8 +1423,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     scale fragments' power of two (W4A16Weights.shift13 / shift2). ready:
     block_ready's counts (moe_align's fourth output): the gate/up GEMM counts
     its finished row tiles per block there, the down GEMM (wait_prior) waits
-    for each block's. inline_blocks: the inline alignment (INLINE; align =
-    (the flat top-k ids,) * 3), at most that many blocks."""
+    for each block's."""
     sorted_ids, expert_ids = align[0], align[1]
     E, RT, KG = Wf.shape[:3]
     assert cfg.get("kernel") == "frag", f"packed weights need a fragment-kernel config, not {cfg}"
@@ -1550,7 +1452,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         assert nt == 1
         grid = (tiles, 1)
     else:
-        grid = (tiles, max(1, min(inline_blocks or expert_ids.shape[0], E, num_valid)))
+        grid = (tiles, max(1, min(expert_ids.shape[0], E, num_valid)))
     wait_ready = ready is not None and not gated
     assert not wait_ready or (wait_prior and not bulk), "block_ready: a dependent down GEMM on the register path"
     _moe_frag_kernel[grid](
@@ -1565,8 +1467,6 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         SCALES_AHEAD=scales_ahead, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=launch_dependents, PREFETCH=prefetch,
         WAIT_PRIOR=wait_prior, L2_STEPS=int(cfg.get("pdl") or 0) if wait_prior and direct else 0,
         SIGNAL_READY=ready is not None and gated, WAIT_READY=wait_ready,
-        INLINE=bool(inline_blocks), PAIRS=triton.next_power_of_2(num_valid) if inline_blocks else 1,
-        E_BINS=triton.next_power_of_2(E + 1) if inline_blocks else 1,
         num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch or wait_prior else {}),
         **register_cap(cfg),
     )
@@ -1614,25 +1514,14 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
         return out
     dep = dependent_launches(cfg, x.device)
     by_block = block_ready(cfg, dep, weights.w2.shape[2])
-    if inline_align(cfg, num_valid):
-        # no alignment launch: each GEMM program works it out from the ids
-        # (with dependent_launches' "gate_up", the gate/up GEMM then waits for
-        # whatever launch came before it)
-        cap = routing.align_capacity(num_valid, E, bm)
-        inline_blocks = cap // bm
-        assert inline_blocks <= INLINE_MAX_BLOCKS
-        align = (topk_ids.reshape(-1),) * 3
-        ready = inline_counts(x.device) if by_block else None
-    else:
-        align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep, ready=by_block)
-        cap, inline_blocks = align[0].shape[0], 0
-        ready = align[3] if by_block else None
-    inter = torch.empty((cap, I), dtype=torch.bfloat16, device=x.device)
+    align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep, ready=by_block)
+    ready = align[3] if by_block else None
+    inter = torch.empty((align[0].shape[0], I), dtype=torch.bfloat16, device=x.device)
     _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, align, k, I, weights.fmt,
                cfg["gate_up"], True, False, swiglu_limit, num_valid, launch_dependents="down" in dep,
-               wait_prior="gate_up" in dep, scale_shift=weights.shift13, ready=ready, inline_blocks=inline_blocks)
+               wait_prior="gate_up" in dep, scale_shift=weights.shift13, ready=ready)
     buf = torch.empty((num_valid, H), dtype=torch.float32, device=x.device)
     _frag_gemm(inter, weights.w2, weights.s2, weights.g2, buf, topk_weights, align, k, H, weights.fmt,
                cfg["down"], False, True, None, num_valid, launch_dependents="combine" in dep,
-               wait_prior="down" in dep, scale_shift=weights.shift2, ready=ready, inline_blocks=inline_blocks)
+               wait_prior="down" in dep, scale_shift=weights.shift2, ready=ready)
     return combine(buf, topk_ids, E, routed_scaling_factor, out, wait_prior="combine" in dep)
