@@ -34,6 +34,39 @@ SITE = _build_site()
 sys.path.insert(0, str(SITE))
 
 
+def _interpreter_patches_once() -> None:
+    """Triton's interpreter re-patches triton.language on every call of a
+    @triton.jit helper (InterpretedFunction.__call__ -> _patch_lang), scanning
+    each module with inspect.getmembers although nothing is left to patch
+    after the first scan: a quarter of the interpreter tier's CPU time. Scan
+    each module once until a launch restores the originals. Only where the
+    interpreter has the functions this relies on; otherwise the tier is just
+    slower."""
+    try:
+        from triton.runtime import interpreter as I
+    except ImportError:
+        return
+    if not (callable(getattr(I, "_patch_builtin", None)) and hasattr(getattr(I, "_LangPatchScope", None), "restore")):
+        return
+    patch_builtin, restore = I._patch_builtin, I._LangPatchScope.restore
+    patched = set()
+
+    def patch_builtin_once(pkg, builder, scope):
+        if id(pkg) not in patched:  # after a scan no builtin is left in pkg
+            patch_builtin(pkg, builder, scope)
+            patched.add(id(pkg))
+
+    def restore_all(self):
+        patched.clear()  # the originals are back: the next call scans again
+        restore(self)
+
+    I._patch_builtin, I._LangPatchScope.restore = patch_builtin_once, restore_all
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpreter_patches_once()
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
