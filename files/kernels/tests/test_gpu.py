@@ -149,6 +149,28 @@ def test_block_ready(fmt, T):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
+@pytest.mark.parametrize("walkers", [1, 3])
+def test_block_walkers_cap(fmt, walkers):
+    """walkers: fewer block walkers per row tile than expert blocks, each
+    walking several (with dependent launches and block_ready): the uncapped
+    launch's output bit for bit, and the reference."""
+    from sm120_kernels import configs, fused_moe_w4a16 as M
+
+    E, H, I, T = 8, 1024, 2048, 40
+    base = {**configs.load_file("default.json")[fmt]["64"], "dependent_launches": ["gate_up", "down"],
+            "block_ready": True}
+    capped = {**base, **{p: {**base[p], "walkers": walkers} for p in ("gate_up", "down")}}
+    W = M.random_weights(fmt, E, H, I, "cuda", seed=15)
+    ids = _random_ids(T, E, 4)
+    x = torch.randn((T, H), device="cuda").to(torch.bfloat16)
+    tw = torch.rand(ids.shape, device="cuda")
+    want = M.fused_moe_w4a16(x, W, tw, ids, config=base, routed_scaling_factor=1.5)
+    got = M.fused_moe_w4a16(x, W, tw, ids, config=capped, routed_scaling_factor=1.5)
+    assert torch.equal(got, want)
+    assert registry.compare(got, M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5)).ok
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
 @pytest.mark.parametrize("l2_steps", [0, 1, 4])
 @pytest.mark.parametrize("first_live", [0, 1])
 def test_one_token_down_pdl(fmt, l2_steps, first_live):

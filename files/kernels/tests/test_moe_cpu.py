@@ -106,6 +106,23 @@ def test_one_token_direct_path(interpret, monkeypatch, fmt, kn, rt, split, ids):
     torch.testing.assert_close(out.float(), aligned.float(), rtol=2 ** -7, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt,family,walkers", [("nvfp4", "frag2", 1), ("int4", "frag", 2)])
+def test_block_walkers_cap(interpret, fmt, family, walkers):
+    """walkers caps the programs per row tile that walk the expert blocks:
+    with fewer walkers than blocks each walks several, and the output is the
+    uncapped launch's bit for bit (T 20: four experts' blocks, one expert over
+    two with 16-token blocks)."""
+    E, H, I, k, T = 4, 128, 64, 3, 20
+    g = torch.Generator().manual_seed(T)
+    ids = torch.randint(0, 4, (T, k), generator=g, dtype=torch.int32)
+    ids[1] = torch.tensor([-1, 9, -1], dtype=torch.int32)
+    cfg = FAMILY_CFG[family]
+    capped = {p: dict(cfg[p], walkers=walkers) for p in ("gate_up", "down")}
+    out, ref, (x, W, tw) = _run(fmt, T, E, H, I, ids, rsf=1.5, seed=T, cfg=capped)
+    assert compare(out, ref).ok, compare(out, ref).detail
+    assert torch.equal(out, M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=cfg))
+
+
 @pytest.mark.parametrize("k,tiles,expect", [
     (6, 128, 2), (8, 128, 2),  # EP8 (DeepSeek-V4-Flash, Kimi-K2.5): 2 programs per row tile walk the slots
     (6, 32, 6), (8, 32, 8),  # TP4: every slot local, 32 row tiles: a program per slot

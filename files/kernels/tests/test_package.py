@@ -80,6 +80,19 @@ def test_config_block_ready_needs_a_dependent_down(dep):
         configs.validate("bad.json", data)
 
 
+@pytest.mark.parametrize("value", [0, 2.5, True, "8"])
+def test_config_walkers_is_a_positive_count(value):
+    """A GEMM's walkers (the most block walkers per row tile) is a whole
+    number from 1 on; anything else is refused when the file loads, naming the
+    file, the format, the GEMM and the value."""
+    data = copy.deepcopy(configs.load_file("default.json"))
+    data["nvfp4"]["64"]["down"]["walkers"] = 8
+    configs.validate("ok.json", data)
+    data["nvfp4"]["64"]["down"]["walkers"] = value
+    with pytest.raises(ValueError, match=r"bad.json: nvfp4/down: walkers is a whole number .*" + re.escape(repr(value))):
+        configs.validate("bad.json", data)
+
+
 def test_block_ready_only_for_a_dependent_register_path_down():
     """block_ready applies where the down GEMM is a dependent launch reading
     its rows with plain loads, not through a ring's bulk copies."""

@@ -1452,7 +1452,9 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         assert nt == 1
         grid = (tiles, 1)
     else:
-        grid = (tiles, max(1, min(expert_ids.shape[0], E, num_valid)))
+        # block walkers: one per expert block that can exist, at most the config's "walkers" (each
+        # then walks several blocks when more exist; the others exit at once)
+        grid = (tiles, max(1, min(expert_ids.shape[0], E, num_valid, cfg.get("walkers") or E)))
     wait_ready = ready is not None and not gated
     assert not wait_ready or (wait_prior and not bulk), "block_ready: a dependent down GEMM on the register path"
     _moe_frag_kernel[grid](

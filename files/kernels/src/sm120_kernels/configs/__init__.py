@@ -21,7 +21,10 @@ do not apply; at most 48 KB of rings per program) and, at one token,
 direct_split and direct (fused_moe_w4a16_frag), prefetch (the down GEMM's
 rings: its first stages copied before the gate/up GEMM ends) and pdl (the
 down GEMM's register path launched dependent on the gate/up GEMM, asking L2
-for that many K steps of its first slot first).
+for that many K steps of its first slot first), and from several tokens on
+walkers (the most programs per row tile that walk the expert blocks; default
+one per block that can exist, most of which find no block at small batches
+and exit).
 
 Whole-bucket key dependent_launches (sm_90 and newer; true, or a list of
 DEPENDENT_LAUNCHES): those launches start while the launch before them
@@ -70,6 +73,10 @@ def validate(name: str, data: dict) -> dict:
                 missing = [k for k in KEYS[kind] if k not in bucket[kernel]]
                 if missing:
                     raise ValueError(f"{name}: {fmt}/{kernel} lacks {missing}")
+                walkers = bucket[kernel].get("walkers", 1)
+                if not (isinstance(walkers, int) and not isinstance(walkers, bool) and walkers >= 1):
+                    raise ValueError(f"{name}: {fmt}/{kernel}: walkers is a whole number of programs from 1 on, "
+                                     f"not {walkers!r}")
             dep = bucket.get("dependent_launches", False)
             if not (isinstance(dep, bool) or (isinstance(dep, list) and set(dep) <= set(DEPENDENT_LAUNCHES))):
                 raise ValueError(f"{name}: {fmt}: dependent_launches is true, false or a list of "
