@@ -77,7 +77,7 @@ def _gemm_variants():
                                  EVEN_K=k_words % (c["num_warps"] * c.get("depth", 1)) == 0, INTERP=False,
                                  DIRECT=False, KP=1, SCALES_AHEAD=bool(c.get("scales_ahead")),
                                  LAUNCH_DEPENDENTS=("down" if gated else "combine") in dep, PREFETCH=False,
-                                 WAIT_PRIOR=kernel in dep, L2_STEPS=0,
+                                 WAIT_PRIOR=kernel in dep, L2_STEPS=0, ONE_CLAMP=bool(c.get("one_clamp")),
                                  **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") else {}))
                     two = gated or c.get("RT", 1) == 2
                     bulk, ring = F.ring_launch(c, k_words, two, 8 * c["NT"])

@@ -106,6 +106,26 @@ def test_one_token_direct_path(interpret, monkeypatch, fmt, kn, rt, split, ids):
     torch.testing.assert_close(out.float(), aligned.float(), rtol=2 ** -7, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt,pipe,ahead,nt", [("nvfp4", True, False, 1), ("int4", True, True, 1),
+                                               ("nvfp4", False, False, 1), ("int4", True, False, 2)])
+def test_one_clamp_is_bit_identical(interpret, fmt, pipe, ahead, nt):
+    """one_clamp (one address computation per K step, the other register sets
+    at constant offsets) loads the same groups: the output is the plain
+    config's bit for bit, and the reference's (K a whole number of steps:
+    H 512 = 8 groups over 2 warps x 2 sets, I 128 = 2 groups over 1 warp x 2;
+    a pipe's last prefetch then reloads the last step, and is never used)."""
+    E, H, I, k, T = 4, 512, 128, 3, 5
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, E, (T, k), generator=g, dtype=torch.int32)
+    ids[1] = torch.tensor([-1, 9, 2], dtype=torch.int32)
+    gu = dict(kernel="frag", NT=nt, num_warps=2, pipe=pipe, depth=2, **({"scales_ahead": True} if ahead else {}))
+    plain = {"gate_up": gu, "down": dict(kernel="frag", NT=nt, num_warps=1, pipe=pipe, depth=2, RT=2)}
+    clamped = {p: dict(c, one_clamp=True) for p, c in plain.items()}
+    out, ref, (x, W, tw) = _run(fmt, T, E, H, I, ids, rsf=1.5, seed=7, cfg=clamped)
+    assert compare(out, ref).ok, compare(out, ref).detail
+    assert torch.equal(out, M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=plain))
+
+
 @pytest.mark.parametrize("fmt,family,walkers", [("nvfp4", "frag2", 1), ("int4", "frag", 2)])
 def test_block_walkers_cap(interpret, fmt, family, walkers):
     """walkers caps the programs per row tile that walk the expert blocks:

@@ -936,19 +936,45 @@ def _loads_at(src, kg, KG, FMT: tl.constexpr, NT: tl.constexpr, TWO: tl.constexp
 
 @triton.jit
 def _load_sets(src, kg, KG, FMT: tl.constexpr, NW: tl.constexpr, NT: tl.constexpr, TWO: tl.constexpr,
-               DEPTH: tl.constexpr, INTERP: tl.constexpr, XC: tl.constexpr = False):
+               DEPTH: tl.constexpr, INTERP: tl.constexpr, XC: tl.constexpr = False, ONE_CLAMP: tl.constexpr = False):
     """The DEPTH register sets' loads of K groups kg, kg + NW, ... (the unused
-    sets are copies of the first)."""
-    a = _loads_at(src, kg, KG, FMT, NT, TWO, INTERP, XC)
-    b = a
-    c = a
-    d = a
-    if DEPTH >= 2:
-        b = _loads_at(src, kg + NW, KG, FMT, NT, TWO, INTERP, XC)
-    if DEPTH >= 3:
-        c = _loads_at(src, kg + 2 * NW, KG, FMT, NT, TWO, INTERP, XC)
-    if DEPTH >= 4:
-        d = _loads_at(src, kg + 3 * NW, KG, FMT, NT, TWO, INTERP, XC)
+    sets are copies of the first). ONE_CLAMP (K a whole number of steps):
+    one clamp for the step, so each set's addresses are the first's plus a
+    constant (the step past the last, a pipe's final prefetch, reloads the
+    last step instead of the last group)."""
+    if ONE_CLAMP:
+        kb = tl.minimum(kg, KG - 1 - (DEPTH - 1) * NW)
+        # the step's pointers once; each set is a constant offset from them
+        w0 = src[0] + kb * 128
+        w1 = src[1] + kb * 128
+        s0 = src[2] + kb * 32
+        s1 = src[3] + kb * 32
+        x0 = src[4] + kb * 32
+        x1 = src[5] + kb * 32
+        a = _group_loads(w0, w1, s0, s1, x0, x1, src[6], src[7], 0, FMT, NT, TWO, INTERP, XC)
+        b = a
+        c = a
+        d = a
+        if DEPTH >= 2:
+            b = _group_loads(w0 + NW * 128, w1 + NW * 128, s0 + NW * 32, s1 + NW * 32, x0 + NW * 32, x1 + NW * 32,
+                             src[6], src[7], 0, FMT, NT, TWO, INTERP, XC)
+        if DEPTH >= 3:
+            c = _group_loads(w0 + 2 * NW * 128, w1 + 2 * NW * 128, s0 + 2 * NW * 32, s1 + 2 * NW * 32,
+                             x0 + 2 * NW * 32, x1 + 2 * NW * 32, src[6], src[7], 0, FMT, NT, TWO, INTERP, XC)
+        if DEPTH >= 4:
+            d = _group_loads(w0 + 3 * NW * 128, w1 + 3 * NW * 128, s0 + 3 * NW * 32, s1 + 3 * NW * 32,
+                             x0 + 3 * NW * 32, x1 + 3 * NW * 32, src[6], src[7], 0, FMT, NT, TWO, INTERP, XC)
+    else:
+        a = _loads_at(src, kg, KG, FMT, NT, TWO, INTERP, XC)
+        b = a
+        c = a
+        d = a
+        if DEPTH >= 2:
+            b = _loads_at(src, kg + NW, KG, FMT, NT, TWO, INTERP, XC)
+        if DEPTH >= 3:
+            c = _loads_at(src, kg + 2 * NW, KG, FMT, NT, TWO, INTERP, XC)
+        if DEPTH >= 4:
+            d = _loads_at(src, kg + 3 * NW, KG, FMT, NT, TWO, INTERP, XC)
     return a, b, c, d
 
 
@@ -985,7 +1011,8 @@ def _warp_sum2(a, b, NW: tl.constexpr):
 @triton.jit
 def _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG, FMT: tl.constexpr,
                 NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
-                EVEN_K: tl.constexpr, INTERP: tl.constexpr, SCALES_AHEAD: tl.constexpr, XC: tl.constexpr = False):
+                EVEN_K: tl.constexpr, INTERP: tl.constexpr, SCALES_AHEAD: tl.constexpr, XC: tl.constexpr = False,
+                ONE_CLAMP: tl.constexpr = False):
     """The K loop from registers: acc0, acc1 += the row tiles' K groups."""
     # software pipeline over DEPTH register sets (K groups kg, kg + NW,
     # ...). Ring (not PIPE): each set is multiplied, then reloaded in
@@ -1000,14 +1027,15 @@ def _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG
     kg = warp
     step = NW * DEPTH
     src = (wp0, wp1, sp0, sp1, xb, xb2, valid, valid2)
-    la, lb, lc, ld = _load_sets(src, kg, KG, FMT, NW, NT, TWO, DEPTH, INTERP, XC)
+    la, lb, lc, ld = _load_sets(src, kg, KG, FMT, NW, NT, TWO, DEPTH, INTERP, XC, EVEN_K and ONE_CLAMP)
     if SCALES_AHEAD:  # pipe only: the register sets carry decoded scales
         la, lb, lc, ld = _decode_sets(la, lb, lc, ld, kg, KG, FMT, NW, TWO, DEPTH, EVEN_K, INTERP)
     for it in range(0, tl.cdiv(KG, step)):
         if PIPE:
             # every set's next loads, then this step's MMAs; with
             # SCALES_AHEAD the next scales are decoded after the MMAs
-            na, nb, nc, nd = _load_sets(src, kg + step, KG, FMT, NW, NT, TWO, DEPTH, INTERP, XC)
+            na, nb, nc, nd = _load_sets(src, kg + step, KG, FMT, NW, NT, TWO, DEPTH, INTERP, XC,
+                                        EVEN_K and ONE_CLAMP)
             acc0, acc1 = _group_compute(acc0, acc1, la, kg < KG, FMT, NT, NW, TWO, EVEN_K, INTERP,
                                         SCALES_AHEAD)
             if DEPTH >= 2:
@@ -1171,6 +1199,7 @@ def _moe_frag_kernel(
     SCALES_AHEAD: tl.constexpr = False, BULK: tl.constexpr = 0, RING: tl.constexpr = "",
     LAUNCH_DEPENDENTS: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False,
     L2_STEPS: tl.constexpr = 0, SIGNAL_READY: tl.constexpr = False, WAIT_READY: tl.constexpr = False,
+    ONE_CLAMP: tl.constexpr = False,
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -1327,7 +1356,8 @@ def _moe_frag_kernel(
                 cnt += KG // (NW * DEPTH)
             else:
                 acc0, acc1 = _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG, FMT, NT,
-                                         NW, TWO, PIPE, DEPTH, EVEN_K, INTERP, SCALES_AHEAD, WAIT_READY)
+                                         NW, TWO, PIPE, DEPTH, EVEN_K, INTERP, SCALES_AHEAD, WAIT_READY,
+                                         ONE_CLAMP)
             g = tl.load(g_ptr + e) * g_mult
             # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
             if DIRECT:
@@ -1469,6 +1499,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         SCALES_AHEAD=scales_ahead, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=launch_dependents, PREFETCH=prefetch,
         WAIT_PRIOR=wait_prior, L2_STEPS=int(cfg.get("pdl") or 0) if wait_prior and direct else 0,
         SIGNAL_READY=ready is not None and gated, WAIT_READY=wait_ready,
+        ONE_CLAMP=bool(cfg.get("one_clamp")),
         num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch or wait_prior else {}),
         **register_cap(cfg),
     )

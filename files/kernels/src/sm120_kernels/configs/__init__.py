@@ -15,7 +15,9 @@ the register ring, each set reloaded in place right after its MMAs) and, for
 the down GEMM, RT (row tiles per program). Optional: maxnreg (the launch's
 register cap; under it ptxas keeps a pipe step's loads ahead of its MMAs),
 scales_ahead (pipe only: a step decodes the next step's block scales after its
-MMAs), bulk (the K loop through each warp's shared-memory ring of that many
+MMAs), one_clamp (where K is a whole number of steps: one address computation
+per step, the other register sets at constant offsets from it; the same
+results, fewer instructions), bulk (the K loop through each warp's shared-memory ring of that many
 stages of depth K groups, copied by cp.async.bulk; pipe and scales_ahead then
 do not apply; at most 48 KB of rings per program) and, at one token,
 direct_split and direct (fused_moe_w4a16_frag), prefetch (the down GEMM's
