@@ -935,6 +935,20 @@ def _loads_at(src, kg, KG, FMT: tl.constexpr, NT: tl.constexpr, TWO: tl.constexp
 
 
 @triton.jit
+def _advanced(src, o):
+    """_loads_at's src with its pointers o K groups on (masks as they are)."""
+    return (src[0] + o * 128, src[1] + o * 128, src[2] + o * 32, src[3] + o * 32, src[4] + o * 32, src[5] + o * 32,
+            src[6], src[7])
+
+
+@triton.jit
+def _loads_of(src, FMT: tl.constexpr, NT: tl.constexpr, TWO: tl.constexpr, INTERP: tl.constexpr,
+              XC: tl.constexpr = False):
+    """_group_loads at src's pointers as they are (no clamp)."""
+    return _group_loads(src[0], src[1], src[2], src[3], src[4], src[5], src[6], src[7], 0, FMT, NT, TWO, INTERP, XC)
+
+
+@triton.jit
 def _load_sets(src, kg, KG, FMT: tl.constexpr, NW: tl.constexpr, NT: tl.constexpr, TWO: tl.constexpr,
                DEPTH: tl.constexpr, INTERP: tl.constexpr, XC: tl.constexpr = False, ONE_CLAMP: tl.constexpr = False):
     """The DEPTH register sets' loads of K groups kg, kg + NW, ... (the unused
@@ -943,27 +957,18 @@ def _load_sets(src, kg, KG, FMT: tl.constexpr, NW: tl.constexpr, NT: tl.constexp
     constant (the step past the last, a pipe's final prefetch, reloads the
     last step instead of the last group)."""
     if ONE_CLAMP:
-        kb = tl.minimum(kg, KG - 1 - (DEPTH - 1) * NW)
         # the step's pointers once; each set is a constant offset from them
-        w0 = src[0] + kb * 128
-        w1 = src[1] + kb * 128
-        s0 = src[2] + kb * 32
-        s1 = src[3] + kb * 32
-        x0 = src[4] + kb * 32
-        x1 = src[5] + kb * 32
-        a = _group_loads(w0, w1, s0, s1, x0, x1, src[6], src[7], 0, FMT, NT, TWO, INTERP, XC)
+        sb = _advanced(src, tl.minimum(kg, KG - 1 - (DEPTH - 1) * NW))
+        a = _loads_of(sb, FMT, NT, TWO, INTERP, XC)
         b = a
         c = a
         d = a
         if DEPTH >= 2:
-            b = _group_loads(w0 + NW * 128, w1 + NW * 128, s0 + NW * 32, s1 + NW * 32, x0 + NW * 32, x1 + NW * 32,
-                             src[6], src[7], 0, FMT, NT, TWO, INTERP, XC)
+            b = _loads_of(_advanced(sb, NW), FMT, NT, TWO, INTERP, XC)
         if DEPTH >= 3:
-            c = _group_loads(w0 + 2 * NW * 128, w1 + 2 * NW * 128, s0 + 2 * NW * 32, s1 + 2 * NW * 32,
-                             x0 + 2 * NW * 32, x1 + 2 * NW * 32, src[6], src[7], 0, FMT, NT, TWO, INTERP, XC)
+            c = _loads_of(_advanced(sb, 2 * NW), FMT, NT, TWO, INTERP, XC)
         if DEPTH >= 4:
-            d = _group_loads(w0 + 3 * NW * 128, w1 + 3 * NW * 128, s0 + 3 * NW * 32, s1 + 3 * NW * 32,
-                             x0 + 3 * NW * 32, x1 + 3 * NW * 32, src[6], src[7], 0, FMT, NT, TWO, INTERP, XC)
+            d = _loads_of(_advanced(sb, 3 * NW), FMT, NT, TWO, INTERP, XC)
     else:
         a = _loads_at(src, kg, KG, FMT, NT, TWO, INTERP, XC)
         b = a
