@@ -126,6 +126,45 @@ def test_one_clamp_is_bit_identical(interpret, fmt, pipe, ahead, nt):
     assert torch.equal(out, M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=plain))
 
 
+@pytest.mark.parametrize("fmt,nw,rt", [("nvfp4", 1, 2), ("int4", 2, 1), ("nvfp4", 4, 1), ("int4", 4, 2)])
+def test_exchange_is_bit_identical(interpret, fmt, nw, rt):
+    """exchange (the warps' sums of a block in one round, each warp finishing
+    its own C registers) writes every output row the per-register reductions
+    write: the plain config's output bit for bit (the interpreter sums the
+    warps in the same order), and the reference's. One warp finishing all four
+    C registers, two warps two each, four one each; the down GEMM with one and
+    two row tiles; one block walker, so a program exchanges for several blocks."""
+    E, H, I, k, T = 4, 512, 128, 3, 5
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, E, (T, k), generator=g, dtype=torch.int32)
+    ids[1] = torch.tensor([-1, 9, 2], dtype=torch.int32)
+    plain = {"gate_up": dict(kernel="frag", NT=1, num_warps=nw, pipe=True, depth=2, walkers=1),
+             "down": dict(kernel="frag", NT=1, num_warps=nw, pipe=False, depth=2, RT=rt, walkers=1)}
+    exchanged = {p: dict(c, exchange=True) for p, c in plain.items()}
+    out, ref, (x, W, tw) = _run(fmt, T, E, H, I, ids, rsf=1.5, seed=11, cfg=exchanged)
+    assert compare(out, ref).ok, compare(out, ref).detail
+    assert torch.equal(out, M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=plain))
+
+
+def test_exchange_asm_layout():
+    """The exchange's shared buffer: [warp][vector][lane] 16-byte vectors (a
+    lane's stores and loads 16 bytes apart, so no two lanes of a quarter-warp
+    share a bank), one barrier before the stores (a walker's previous block)
+    and one between stores and loads, every warp's vectors read and added."""
+    from sm120_kernels.fused_moe_w4a16_frag import _exchange_asm
+
+    for nw, nv in ((1, 4), (2, 8), (4, 8), (8, 4)):
+        asm = _exchange_asm(nw, nv)
+        vec = nv // 4
+        assert f".b8 moe_xchg[{nw * vec * 512}]" in asm
+        assert asm.count("bar.sync 0;") == 2
+        assert asm.index("bar.sync 0;") < asm.index("st.shared") < asm.rindex("bar.sync 0;") < asm.index("ld.shared")
+        assert asm.count("st.shared.v4.f32") == vec
+        assert asm.count("ld.shared.v4.f32") == nw * vec
+        assert asm.count("add.f32") == (nw - 1) * nv
+        assert f"mad.lo.u32 xa, ${2 * nv + 1}, 16, xa;" in asm  # lanes 16 bytes apart
+
+
 @pytest.mark.parametrize("fmt,family,walkers", [("nvfp4", "frag2", 1), ("int4", "frag", 2)])
 def test_block_walkers_cap(interpret, fmt, family, walkers):
     """walkers caps the programs per row tile that walk the expert blocks:

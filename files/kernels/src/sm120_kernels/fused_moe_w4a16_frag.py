@@ -1013,6 +1013,64 @@ def _warp_sum2(a, b, NW: tl.constexpr):
     return tl.split(tl.sum(tl.reshape(tl.join(a, b), (NW, 32, 2)), axis=0))
 
 
+def _exchange_asm(nw: int, nv: int) -> str:
+    """The warps' partial sums of nv (4 or 8) C registers exchanged through a
+    static shared buffer in one round: each thread stores its nv values as
+    16-byte vectors at [warp][vector][lane] (lanes 16 bytes apart: no bank
+    conflicts), one barrier, then reads its lane's vectors of every warp and
+    adds them. A barrier first, so a block walker's next exchange does not
+    overwrite values another warp still reads. Outputs $0 .. $(nv-1); inputs
+    the nv values, the warp and the lane."""
+    vec = nv // 4
+    wstride = vec * 512
+    lines = ["{", f".shared .align 16 .b8 moe_xchg[{nw * wstride}];", ".reg .u32 xb, xa, xr;",
+             ".reg .f32 xt<4>;", "mov.u32 xb, moe_xchg;",
+             f"mad.lo.u32 xa, ${2 * nv}, {wstride}, xb;", f"mad.lo.u32 xa, ${2 * nv + 1}, 16, xa;",
+             f"mad.lo.u32 xr, ${2 * nv + 1}, 16, xb;", "bar.sync 0;"]
+    for v in range(vec):
+        ins = ",".join(f"${nv + 4 * v + i}" for i in range(4))
+        lines.append(f"st.shared.v4.f32 [xa+{512 * v}], {{{ins}}};")
+    lines.append("bar.sync 0;")
+    for v in range(vec):
+        outs = ",".join(f"${4 * v + i}" for i in range(4))
+        lines.append(f"ld.shared.v4.f32 {{{outs}}}, [xr+{512 * v}];")
+    for w in range(1, nw):
+        for v in range(vec):
+            lines.append(f"ld.shared.v4.f32 {{xt0,xt1,xt2,xt3}}, [xr+{w * wstride + 512 * v}];")
+            for i in range(4):
+                lines.append(f"add.f32 ${4 * v + i}, ${4 * v + i}, xt{i};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+@triton.jit
+def _lane_sum(v, NW: tl.constexpr):
+    """The interpreter's _exchange: the warps' sum for each lane, back in [32 NW] layout."""
+    return tl.reshape(tl.broadcast_to(tl.reshape(_warp_sum(v, NW), (1, 32)), (NW, 32)), (32 * NW,))
+
+
+@triton.jit
+def _exchange4(a, b, c, d, warp, lane, ASM: tl.constexpr, NW: tl.constexpr, INTERP: tl.constexpr):
+    """The warps' sums of four [32 NW] C registers for the thread's lane, in
+    [32 NW] layout (every warp holds them); ASM: _exchange_asm(NW, 4)."""
+    if INTERP:
+        return _lane_sum(a, NW), _lane_sum(b, NW), _lane_sum(c, NW), _lane_sum(d, NW)
+    return tl.inline_asm_elementwise(asm=ASM, constraints="=f,=f,=f,=f,f,f,f,f,r,r", args=[a, b, c, d, warp, lane],
+                                     dtype=(tl.float32,) * 4, is_pure=False, pack=1)
+
+
+@triton.jit
+def _exchange8(a, b, c, d, e, f, g, h, warp, lane, ASM: tl.constexpr, NW: tl.constexpr, INTERP: tl.constexpr):
+    """_exchange4 for eight; ASM: _exchange_asm(NW, 8)."""
+    if INTERP:
+        a, b, c, d = _exchange4(a, b, c, d, warp, lane, ASM, NW, INTERP)
+        e, f, g, h = _exchange4(e, f, g, h, warp, lane, ASM, NW, INTERP)
+        return a, b, c, d, e, f, g, h
+    return tl.inline_asm_elementwise(asm=ASM, constraints="=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f,r,r",
+                                     args=[a, b, c, d, e, f, g, h, warp, lane], dtype=(tl.float32,) * 8,
+                                     is_pure=False, pack=1)
+
+
 @triton.jit
 def _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG, FMT: tl.constexpr,
                 NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
@@ -1204,7 +1262,7 @@ def _moe_frag_kernel(
     SCALES_AHEAD: tl.constexpr = False, BULK: tl.constexpr = 0, RING: tl.constexpr = "",
     LAUNCH_DEPENDENTS: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False,
     L2_STEPS: tl.constexpr = 0, SIGNAL_READY: tl.constexpr = False, WAIT_READY: tl.constexpr = False,
-    ONE_CLAMP: tl.constexpr = False,
+    ONE_CLAMP: tl.constexpr = False, XCHG: tl.constexpr = "",
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -1237,9 +1295,15 @@ def _moe_frag_kernel(
     counts each finished row tile of block mb at ready_ptr[mb]; WAIT_READY
     (down, launched with launch_pdl) starts on block mb once that count is
     ready_target, and reads the gate/up GEMM's rows through the coherent
-    path."""
+    path.
+
+    XCHG (_exchange_asm; NT 1, not DIRECT): a block's epilogue exchanges the
+    warps' partial sums of every C register in one round through a static
+    shared buffer, and warp w finishes C registers w, w + NW, ...; else one
+    tl.sum over the warps per C register."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
+    EXCHANGE: tl.constexpr = XCHG != ""  # the host sets XCHG only for NT 1, not DIRECT
     # the rings' layout (ring_bytes): per warp BULK stages of STAGE bytes, then
     # the barriers (one per warp and stage)
     NTILE: tl.constexpr = 2 if TWO else 1
@@ -1384,8 +1448,50 @@ def _moe_frag_kernel(
                 if RT == 2:
                     tot10 += s1[0] * g
                     tot12 += s1[1] * g
+            if EXCHANGE:
+                # one bank-conflict-free exchange of every C register
+                # (_exchange_asm), then each warp finishes its own C registers
+                # j = warp, warp + NW, ... (not every warp all four)
+                slot_t = mb * BM + 2 * tq
+                sid_te = tl.load(sorted_ids_ptr + slot_t)
+                sid_to = tl.load(sorted_ids_ptr + slot_t + 1)
+                if not GATED:
+                    tw_te = tl.load(tw_ptr + sid_te, mask=sid_te < num_valid, other=0.0)
+                    tw_to = tl.load(tw_ptr + sid_to, mask=sid_to < num_valid, other=0.0)
+                if TWO:
+                    x0, x1, x2, x3, y0, y1, y2, y3 = _exchange8(acc0[0], acc0[1], acc0[2], acc0[3], acc1[0], acc1[1],
+                                                                acc1[2], acc1[3], warp, lane, XCHG, NW,
+                                                                INTERP)
+                else:
+                    x0, x1, x2, x3 = _exchange4(acc0[0], acc0[1], acc0[2], acc0[3], warp, lane, XCHG, NW, INTERP)
+                    y0, y1, y2, y3 = x0, x1, x2, x3
+                JPW: tl.constexpr = (4 + NW - 1) // NW
+                for r in tl.static_range(JPW):
+                    jw = warp + r * NW
+                    odd = (jw % 2) == 1
+                    v0 = tl.where(jw == 0, x0, tl.where(jw == 1, x1, tl.where(jw == 2, x2, x3))) * g
+                    v1 = tl.where(jw == 0, y0, tl.where(jw == 1, y1, tl.where(jw == 2, y2, y3))) * g
+                    sidj = tl.where(odd, sid_to, sid_te)
+                    okj = (sidj < num_valid) & (jw < 4)
+                    rr = gi + 8 * ((jw // 2) % 2)
+                    if GATED:
+                        gate = v0
+                        up = v1
+                        if HAS_LIMIT:
+                            gate = tl.minimum(gate, swiglu_limit)
+                            up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
+                        h = gate / (1.0 + tl.exp(-gate)) * up
+                        slot = slot_t + (jw % 2)
+                        tl.store(out_ptr + slot.to(tl.int64) * stride_om + tile0 * 16 + rr, _to_bf16(h, INTERP),
+                                 mask=okj)
+                    else:
+                        tw = tl.where(odd, tw_to, tw_te)
+                        o_row = out_ptr + sidj.to(tl.int64) * stride_om
+                        tl.store(o_row + tile0 * 16 + rr, v0 * tw, mask=okj)
+                        if RT == 2:
+                            tl.store(o_row + tile1 * 16 + rr, v1 * tw, mask=okj)
             # the tile's C registers j (one token, GATED: its column 0, j = 0 and 2)
-            for j in tl.static_range(0, 0 if DIRECT and not GATED else 4 * NT, 2 if DIRECT else 1):
+            for j in tl.static_range(0, 0 if (DIRECT and not GATED) or EXCHANGE else 4 * NT, 2 if DIRECT else 1):
                 if DIRECT:
                     v0 = s0[j // 2] * g
                 else:
@@ -1505,6 +1611,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         WAIT_PRIOR=wait_prior, L2_STEPS=int(cfg.get("pdl") or 0) if wait_prior and direct else 0,
         SIGNAL_READY=ready is not None and gated, WAIT_READY=wait_ready,
         ONE_CLAMP=bool(cfg.get("one_clamp")),
+        XCHG=_exchange_asm(nw, 8 if gated or rt == 2 else 4) if cfg.get("exchange") and nt == 1 and not direct else "",
         num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch or wait_prior else {}),
         **register_cap(cfg),
     )

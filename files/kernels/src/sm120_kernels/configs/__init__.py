@@ -17,7 +17,11 @@ register cap; under it ptxas keeps a pipe step's loads ahead of its MMAs),
 scales_ahead (pipe only: a step decodes the next step's block scales after its
 MMAs), one_clamp (where K is a whole number of steps: one address computation
 per step, the other register sets at constant offsets from it; the same
-results, fewer instructions), bulk (the K loop through each warp's shared-memory ring of that many
+results, fewer instructions), exchange (several tokens, NT 1: the warps' partial
+sums of a block exchanged in one round through shared memory without bank
+conflicts, and each warp finishing its own C registers, instead of one
+reduction with four barriers per C register; the same sums in another order),
+bulk (the K loop through each warp's shared-memory ring of that many
 stages of depth K groups, copied by cp.async.bulk; pipe and scales_ahead then
 do not apply; at most 48 KB of rings per program) and, at one token,
 direct_split and direct (fused_moe_w4a16_frag), prefetch (the down GEMM's
