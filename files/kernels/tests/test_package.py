@@ -215,6 +215,24 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
     assert M._BENCH_CONFIG_OVERRIDE[key] == best
 
 
+def test_exchange_trials():
+    from sm120_kernels import bench
+
+    cfg = {"gate_up": {"kernel": "frag", "NT": 1, "num_warps": 4, "pipe": True},
+           "down": {"kernel": "frag", "NT": 1, "num_warps": 2, "pipe": False, "RT": 2}}
+    trials = bench.exchange_trials(cfg, 8)
+    assert trials[0] == cfg
+    assert [(bool(t["gate_up"].get("exchange")), bool(t["down"].get("exchange"))) for t in trials] == [
+        (False, False), (False, True), (True, False), (True, True)]
+    assert bench.exchange_trials(cfg, 1) == [cfg]  # one token: the direct path has no such epilogue
+    nt2 = {p: {**c, "NT": 2} for p, c in cfg.items()}
+    assert bench.exchange_trials(nt2, 64) == [nt2]  # 16-token blocks keep the per-register reductions
+    both = {p: {**c, "exchange": True} for p, c in cfg.items()}
+    # from an incumbent with both on: it first, then the other three (not itself twice)
+    assert [(bool(t["gate_up"].get("exchange")), bool(t["down"].get("exchange")))
+            for t in bench.exchange_trials(both, 8)] == [(True, True), (False, False), (False, True), (True, False)]
+
+
 def test_dependent_trials():
     """The tuner's last stage: one token's down GEMM on the register path tries
     pdl (0 and 1 K steps asked of L2), a prefetching ring down GEMM nothing

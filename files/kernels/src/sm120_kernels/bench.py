@@ -176,6 +176,21 @@ def ring_trials(cfg: dict, kernel: str, batch: int) -> list:
     return trials
 
 
+def exchange_trials(cfg: dict, batch: int) -> list:
+    """Several tokens with 8-token blocks: the epilogue's one-round exchange of
+    the warps' sums (exchange) on the gate/up GEMM, the down GEMM, or both.
+    On the H200 it paid at batch 8-64, on one GEMM or both (README,
+    "Eighteenth round")."""
+    if batch == 1 or cfg["gate_up"].get("NT", 1) != 1:
+        return [cfg]
+    def with_exchange(c: dict, on: bool) -> dict:
+        return {**{k: v for k, v in c.items() if k != "exchange"}, **({"exchange": True} if on else {})}
+
+    trials = [cfg] + [{**cfg, "gate_up": with_exchange(cfg["gate_up"], g), "down": with_exchange(cfg["down"], d)}
+                      for g in (False, True) for d in (False, True)]
+    return [t for i, t in enumerate(trials) if t not in trials[:i]]
+
+
 def dependent_trials(cfg: dict, batch: int) -> list:
     """Last: programmatic dependent launches (sm_90 and newer). Several tokens
     (or the four-launch path): the GEMMs and the combine each starting while
@@ -208,8 +223,9 @@ def _tune(case, dev, do_bench):
     """Per kernel family: fastest gate_up (with the family's first down), then
     fastest down; the faster family wins. Batch 1 then tries the one-token
     grids (one_token_trials), then the register cap (register_cap_trials);
-    every batch then the shared-memory rings (ring_trials), and last the
-    dependent launches (dependent_trials)."""
+    every batch then the shared-memory rings (ring_trials), several tokens the
+    epilogue's exchange (exchange_trials), and last the dependent launches
+    (dependent_trials)."""
     from . import fused_moe_w4a16 as M
     from .models import MODELS
 
@@ -237,6 +253,7 @@ def _tune(case, dev, do_bench):
             best = _fastest(case, dev, do_bench, key, register_cap_trials(best, kernel), f"{kernel} register cap")
     for kernel in ("gate_up", "down"):
         best = _fastest(case, dev, do_bench, key, ring_trials(best, kernel, case.batch), f"{kernel} ring")
+    best = _fastest(case, dev, do_bench, key, exchange_trials(best, case.batch), "exchange")
     best = _fastest(case, dev, do_bench, key, dependent_trials(best, case.batch), "dependent launches")
     M._BENCH_CONFIG_OVERRIDE[key] = best
     return best
