@@ -60,6 +60,18 @@ def _patch_in(text: str, start: str, end: str, edits, where: str) -> str:
     return text[:i] + seg + text[j:]
 
 
+def _stamped(module: str, kernel: str, grid: str, end: str, edits) -> str:
+    """module's source with the stamp helpers and kernel taking the stamp
+    buffer first (tlp_ptr; its launch kernel[grid] passes _TL_BUF), then
+    edits between the kernel's def and end."""
+    text = (SRC / f"{module}.py").read_text()
+    text = _patch(text, "import triton.language as tl\n",
+                  "import triton.language as tl\n" + STAMP_HELPERS + "_TL_BUF = None\n", module)
+    text = _patch(text, f"def {kernel}(", f"def {kernel}(tlp_ptr, ", module)
+    text = _patch(text, f"{kernel}[{grid}](", f"{kernel}[{grid}](_TL_BUF, ", module)
+    return _patch_in(text, f"def {kernel}(", end, edits, module)
+
+
 def _load(name: str, text: str):
     full = f"sm120_kernels.{name}"
     path = SRC / f"{name}.py"
@@ -80,12 +92,7 @@ def install(stamps=("ids", "loop", "end")):
     programs' stamps after their start (each costs registers)."""
     import sm120_kernels  # noqa: F401  (the package itself, unpatched __init__)
 
-    rt = (SRC / "routing.py").read_text()
-    rt = _patch(rt, "import triton.language as tl\n", "import triton.language as tl\n" + STAMP_HELPERS + "_TL_BUF = None\n",
-                "routing")
-    rt = _patch(rt, "def _align_kernel(ids_ptr,", "def _align_kernel(tlp_ptr, ids_ptr,", "routing")
-    rt = _patch(rt, "_align_kernel[(1,)](flat,", "_align_kernel[(1,)](_TL_BUF, flat,", "routing")
-    rt = _patch_in(rt, "def _align_kernel(", "def moe_align_reference", [
+    rt = _stamped("routing", "_align_kernel", "(1,)", "def moe_align_reference", [
         ("    offs = tl.arange(0, BLOCK)\n",
          "    offs = tl.arange(0, BLOCK)\n"
          f"    rec = tlp_ptr + {2 * SLOTS * FIELDS} + offs * 0\n"
@@ -94,15 +101,8 @@ def install(stamps=("ids", "loop", "end")):
         ("    tl.store(expert_ids_ptr + dest // BLOCK_M, se, mask=ok)\n",
          "    tl.store(expert_ids_ptr + dest // BLOCK_M, se, mask=ok)\n"
          "    tl.store(rec + 3, _gt(dest), mask=offs == 0)\n"),
-    ], "routing")
-
-    fm = (SRC / "fused_moe_w4a16.py").read_text()
-    fm = _patch(fm, "import triton.language as tl\n", "import triton.language as tl\n" + STAMP_HELPERS + "_TL_BUF = None\n",
-                "fused_moe_w4a16")
-    fm = _patch(fm, "def _combine_kernel(buf_ptr,", "def _combine_kernel(tlp_ptr, buf_ptr,", "fused_moe_w4a16")
-    fm = _patch(fm, "_combine_kernel[(T, triton.cdiv(H, COMBINE_BLOCK_H))](\n        buf,",
-                "_combine_kernel[(T, triton.cdiv(H, COMBINE_BLOCK_H))](\n        _TL_BUF, buf,", "fused_moe_w4a16")
-    fm = _patch_in(fm, "def _combine_kernel(", "# Host side", [
+    ])
+    fm = _stamped("fused_moe_w4a16", "_combine_kernel", "(T, triton.cdiv(H, COMBINE_BLOCK_H))", "# Host side", [
         ("                    WAIT_PRIOR: tl.constexpr = False):\n",
          "                    WAIT_PRIOR: tl.constexpr = False):\n"
          "    o0 = tl.arange(0, BLOCK_H)\n"
@@ -112,14 +112,8 @@ def install(stamps=("ids", "loop", "end")):
         ("    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs, _to_bf16(acc * rsf, INTERP), mask=mask)\n",
          "    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs, _to_bf16(acc * rsf, INTERP), mask=mask)\n"
          "    tl.store(rec + 3, _gt(acc.to(tl.int32, bitcast=True)), mask=o0 == 0)\n"),
-    ], "fused_moe_w4a16")
-
-    fr = (SRC / "fused_moe_w4a16_frag.py").read_text()
-    fr = _patch(fr, "import triton.language as tl\n", "import triton.language as tl\n" + STAMP_HELPERS + "_TL_BUF = None\n",
-                "frag")
-    fr = _patch(fr, "def _moe_frag_kernel(\n    x_ptr,", "def _moe_frag_kernel(\n    tlp_ptr, x_ptr,", "frag")
-    fr = _patch(fr, "_moe_frag_kernel[grid](\n        x, Wf,", "_moe_frag_kernel[grid](\n        _TL_BUF, x, Wf,", "frag")
-    fr = _patch_in(fr, "def _moe_frag_kernel(", "# Host side", [
+    ])
+    fr = _stamped("fused_moe_w4a16_frag", "_moe_frag_kernel", "grid", "# Host side", [
         ("    gi = lane // 4\n",
          "    gi = lane // 4\n"
          f"    rec = tlp_ptr + ((0 if GATED else {SLOTS}) + tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)).to(tl.int64) * {FIELDS} + t * 0\n"
@@ -141,7 +135,7 @@ def install(stamps=("ids", "loop", "end")):
         ("end", ("            if SIGNAL_READY:  # every thread's stores of this block, then one count\n",
          "            tl.store(rec + 3, _gt(acc0[0].to(tl.int32, bitcast=True)), mask=t == 0)\n"
          "            if SIGNAL_READY:  # every thread's stores of this block, then one count\n")),
-    ) if name in stamps], "frag")
+    ) if name in stamps])
 
     buf = torch.zeros(4 * SLOTS * FIELDS, dtype=torch.int64, device="cuda")
     mods = [_load("routing", rt), _load("fused_moe_w4a16", fm), _load("fused_moe_w4a16_frag", fr)]
