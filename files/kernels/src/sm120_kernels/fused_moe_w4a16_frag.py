@@ -1013,6 +1013,15 @@ def _warp_sum2(a, b, NW: tl.constexpr):
     return tl.split(tl.sum(tl.reshape(tl.join(a, b), (NW, 32, 2)), axis=0))
 
 
+@triton.jit
+def _swiglu(gate, up, limit, HAS_LIMIT: tl.constexpr):
+    """SiLU(gate) * up, with DeepSeek-V4's clamp (gate <= limit, |up| <= limit)."""
+    if HAS_LIMIT:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
 def _exchange_asm(nw: int, nv: int) -> str:
     """The warps' partial sums of nv (4 or 8) C registers exchanged through a
     static shared buffer in one round: each thread stores its nv values as
@@ -1475,12 +1484,7 @@ def _moe_frag_kernel(
                     okj = (sidj < num_valid) & (jw < 4)
                     rr = gi + 8 * ((jw // 2) % 2)
                     if GATED:
-                        gate = v0
-                        up = v1
-                        if HAS_LIMIT:
-                            gate = tl.minimum(gate, swiglu_limit)
-                            up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
-                        h = gate / (1.0 + tl.exp(-gate)) * up
+                        h = _swiglu(v0, v1, swiglu_limit, HAS_LIMIT)
                         slot = slot_t + (jw % 2)
                         tl.store(out_ptr + slot.to(tl.int64) * stride_om + tile0 * 16 + rr, _to_bf16(h, INTERP),
                                  mask=okj)
@@ -1509,10 +1513,7 @@ def _moe_frag_kernel(
                         up = s1[j // 2] * g
                     else:
                         up = _warp_sum(acc1[j], NW) * g
-                    if HAS_LIMIT:
-                        gate = tl.minimum(gate, swiglu_limit)
-                        up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
-                    h = gate / (1.0 + tl.exp(-gate)) * up
+                    h = _swiglu(gate, up, swiglu_limit, HAS_LIMIT)
                     tl.store(out_ptr + slot.to(tl.int64) * stride_om + tile0 * 16 + rr, _to_bf16(h, INTERP), mask=okj)
                 else:
                     tw = tl.load(tw_ptr + sidj, mask=okj, other=0.0)
