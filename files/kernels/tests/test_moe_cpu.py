@@ -134,7 +134,7 @@ def test_exchange_is_bit_identical(interpret, fmt, nw, rt):
     warps in the same order), and the reference's. One warp finishing all four
     C registers, two warps two each, four one each; the down GEMM with one and
     two row tiles; one block walker, so a program exchanges for several blocks."""
-    E, H, I, k, T = 4, 512, 128, 3, 5
+    E, H, I, k, T = 4, 256, 128, 3, 5
     g = torch.Generator().manual_seed(11)
     ids = torch.randint(0, E, (T, k), generator=g, dtype=torch.int32)
     ids[1] = torch.tensor([-1, 9, 2], dtype=torch.int32)
