@@ -103,7 +103,7 @@ def _gemm_variants():
                                     LAUNCH_DEPENDENTS=(prefetch or pdl) and gated, PREFETCH=prefetch and not gated,
                                     WAIT_PRIOR=pdl and not gated,
                                     L2_STEPS=int(cfgs["down"]["pdl"]) if pdl and not gated else 0,
-                                    SIGNAL_READY=False, WAIT_READY=False, XCHG=""),
+                                    SIGNAL_READY=False, WAIT_READY=False, XCHG="", EARLY=False),
                                c["num_warps"], 1)
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:
