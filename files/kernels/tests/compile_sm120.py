@@ -87,8 +87,7 @@ def _gemm_variants():
                     xchg = F._exchange_asm(c["num_warps"], 8 if two else 4) if c.get("exchange") and c["NT"] == 1 else ""
                     yield (f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig,
                            dict(const, BULK=bulk, RING=ring, SIGNAL_READY=ready and gated,
-                                WAIT_READY=ready and not gated, XCHG=xchg,
-                                EARLY=bool(c.get("early_weights")) and not gated and not bulk), c["num_warps"], 1)
+                                WAIT_READY=ready and not gated, XCHG=xchg), c["num_warps"], 1)
                     if bucket == "1" and c["NT"] == 1:  # one token: the two-launch path (bf16 output)
                         bulk, ring = F.ring_launch(c, k_words, two, 1)  # one activation row
                         # a dependent down GEMM (dependent_down on sm_90 and newer: through
@@ -103,7 +102,7 @@ def _gemm_variants():
                                     LAUNCH_DEPENDENTS=(prefetch or pdl) and gated, PREFETCH=prefetch and not gated,
                                     WAIT_PRIOR=pdl and not gated,
                                     L2_STEPS=int(cfgs["down"]["pdl"]) if pdl and not gated else 0,
-                                    SIGNAL_READY=False, WAIT_READY=False, XCHG="", EARLY=False),
+                                    SIGNAL_READY=False, WAIT_READY=False, XCHG=""),
                                c["num_warps"], 1)
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:

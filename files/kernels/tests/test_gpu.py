@@ -149,34 +149,6 @@ def test_block_ready(fmt, T):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
-@pytest.mark.parametrize("ready", [False, True], ids=["dependent", "block_ready"])
-@pytest.mark.parametrize("T", [8, 40])
-def test_early_weights(fmt, ready, T):
-    """The dependent down GEMM loading each block's first K step of words and
-    scales before it waits (early_weights), for the whole gate/up launch or
-    per block (block_ready): the output of the same launch without it bit for
-    bit, on several calls in a row, with one and several blocks per wave and
-    block walkers walking several blocks."""
-    from sm120_kernels import configs, fused_moe_w4a16 as M
-
-    E, H, I = 8, 1024, 2048
-    base = {**configs.load_file("default.json")[fmt]["64"], "dependent_launches": ["gate_up", "down"],
-            "block_ready": ready}
-    base["down"] = {**base["down"], "walkers": 3}
-    early = {**base, "down": {**base["down"], "early_weights": True}}
-    W = M.random_weights(fmt, E, H, I, "cuda", seed=16)
-    for seed in (20, 21, 22):
-        torch.manual_seed(seed)
-        ids = _random_ids(T, E, 4)
-        x = torch.randn((T, H), device="cuda").to(torch.bfloat16)
-        tw = torch.rand(ids.shape, device="cuda")
-        want = M.fused_moe_w4a16(x, W, tw, ids, config=base, routed_scaling_factor=1.5)
-        got = M.fused_moe_w4a16(x, W, tw, ids, config=early, routed_scaling_factor=1.5)
-        assert torch.equal(got, want), seed
-        assert registry.compare(got, M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5)).ok
-
-
-@pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
 @pytest.mark.parametrize("walkers", [1, 3])
 def test_block_walkers_cap(fmt, walkers):
     """walkers: fewer block walkers per row tile than expert blocks, each

@@ -146,24 +146,6 @@ def test_exchange_is_bit_identical(interpret, fmt, nw, rt):
     assert torch.equal(out, M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=plain))
 
 
-@pytest.mark.parametrize("fmt,I,nw,rt,pipe,clamp", [("nvfp4", 256, 1, 2, True, True), ("int4", 192, 2, 1, False, False)])
-def test_early_weights_is_bit_identical(interpret, fmt, I, nw, rt, pipe, clamp):
-    """early_weights (the down GEMM's first K step of words and scales loaded
-    before its wait, the activations after it) multiplies the same groups: the
-    plain config's output bit for bit, and the reference's. Pipe and ring, with
-    and without one_clamp, K a whole number of steps (4 groups) or not (3); one
-    block walker, so a program does it for several blocks. (The waits
-    themselves need a GPU: tests/test_gpu.py.)"""
-    E, H, k, T = 2, 128, 2, 3
-    ids = torch.tensor([[0, 1], [-1, 9], [1, 0]], dtype=torch.int32)
-    down = dict(kernel="frag", NT=1, num_warps=nw, pipe=pipe, depth=2, RT=rt, walkers=1, one_clamp=clamp)
-    plain = {"gate_up": dict(kernel="frag", NT=1, num_warps=1, pipe=True, depth=1), "down": down}
-    early = dict(plain, down=dict(down, early_weights=True))
-    out, ref, (x, W, tw) = _run(fmt, T, E, H, I, ids, rsf=1.5, seed=13, cfg=early)
-    assert compare(out, ref).ok, compare(out, ref).detail
-    assert torch.equal(out, M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=plain))
-
-
 def test_exchange_asm_layout():
     """The exchange's shared buffer: [warp][vector][lane] 16-byte vectors (a
     lane's stores and loads 16 bytes apart, so no two lanes of a quarter-warp

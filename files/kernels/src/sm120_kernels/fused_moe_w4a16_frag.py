@@ -818,26 +818,6 @@ def _ready_signal(p, first):
                                      dtype=tl.int32, is_pure=False, pack=1)
 
 
-# griddepcontrol.wait behind a branch: ptxas moves loads issued before a bare
-# wait to after it (toward their first use), and does not move them past a branch
-_DEPENDENT_WAIT = tl.constexpr("""{
-        .reg .pred p;
-        setp.eq.b32 p, $1, 0;
-        @p bra DEPENDENT_WAIT_DONE;
-        griddepcontrol.wait;
-        DEPENDENT_WAIT_DONE:
-        mov.b32 $0, 0;
-        }""")
-
-
-@triton.jit
-def _dependent_wait(go):
-    """griddepcontrol.wait where go is non-zero (EARLY: the loads before it
-    stay issued before it)."""
-    return tl.inline_asm_elementwise(asm=_DEPENDENT_WAIT, constraints="=r,r", args=[go], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
 @triton.jit
 def _l2_ask(p):
     """Ask L2 for the line at p; no register waits for it."""
@@ -1004,34 +984,6 @@ def _load_sets(src, kg, KG, FMT: tl.constexpr, NW: tl.constexpr, NT: tl.constexp
 
 
 @triton.jit
-def _with_x(pre, src, kg, KG, NW: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr, INTERP: tl.constexpr,
-            XC: tl.constexpr, ONE_CLAMP: tl.constexpr):
-    """_load_sets' result from pre (its sets' words and scales, loaded
-    earlier) and the activations of the same K groups, loaded now."""
-    if ONE_CLAMP:
-        k0 = tl.minimum(kg, KG - 1 - (DEPTH - 1) * NW)
-        k1 = k0 + NW
-        k2 = k0 + 2 * NW
-        k3 = k0 + 3 * NW
-    else:
-        k0 = tl.minimum(kg, KG - 1)
-        k1 = tl.minimum(kg + NW, KG - 1)
-        k2 = tl.minimum(kg + 2 * NW, KG - 1)
-        k3 = tl.minimum(kg + 3 * NW, KG - 1)
-    a = (pre[0][0], pre[0][1], _load_x(src[4], src[5], src[6], src[7], k0, NT, INTERP, XC))
-    b = a
-    c = a
-    d = a
-    if DEPTH >= 2:
-        b = (pre[1][0], pre[1][1], _load_x(src[4], src[5], src[6], src[7], k1, NT, INTERP, XC))
-    if DEPTH >= 3:
-        c = (pre[2][0], pre[2][1], _load_x(src[4], src[5], src[6], src[7], k2, NT, INTERP, XC))
-    if DEPTH >= 4:
-        d = (pre[3][0], pre[3][1], _load_x(src[4], src[5], src[6], src[7], k3, NT, INTERP, XC))
-    return a, b, c, d
-
-
-@triton.jit
 def _ring_step(acc0, acc1, ld, src, kg, step, KG, FMT: tl.constexpr, NT: tl.constexpr, NW: tl.constexpr,
                TWO: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr, XC: tl.constexpr = False):
     """One register set of the ring: multiply its K group kg, then reload it in
@@ -1132,11 +1084,8 @@ def _exchange8(a, b, c, d, e, f, g, h, warp, lane, ASM: tl.constexpr, NW: tl.con
 def _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG, FMT: tl.constexpr,
                 NT: tl.constexpr, NW: tl.constexpr, TWO: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
                 EVEN_K: tl.constexpr, INTERP: tl.constexpr, SCALES_AHEAD: tl.constexpr, XC: tl.constexpr = False,
-                ONE_CLAMP: tl.constexpr = False, pre=0, PRE: tl.constexpr = False):
-    """The K loop from registers: acc0, acc1 += the row tiles' K groups.
-    PRE: the first step's words and scales are pre (_load_sets with the
-    activations masked off, issued before a dependent wait); only its
-    activations are loaded here."""
+                ONE_CLAMP: tl.constexpr = False):
+    """The K loop from registers: acc0, acc1 += the row tiles' K groups."""
     # software pipeline over DEPTH register sets (K groups kg, kg + NW,
     # ...). Ring (not PIPE): each set is multiplied, then reloaded in
     # place with the group DEPTH steps ahead, so a load has the other
@@ -1150,10 +1099,7 @@ def _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG
     kg = warp
     step = NW * DEPTH
     src = (wp0, wp1, sp0, sp1, xb, xb2, valid, valid2)
-    if PRE:
-        la, lb, lc, ld = _with_x(pre, src, kg, KG, NW, NT, DEPTH, INTERP, XC, EVEN_K and ONE_CLAMP)
-    else:
-        la, lb, lc, ld = _load_sets(src, kg, KG, FMT, NW, NT, TWO, DEPTH, INTERP, XC, EVEN_K and ONE_CLAMP)
+    la, lb, lc, ld = _load_sets(src, kg, KG, FMT, NW, NT, TWO, DEPTH, INTERP, XC, EVEN_K and ONE_CLAMP)
     if SCALES_AHEAD:  # pipe only: the register sets carry decoded scales
         la, lb, lc, ld = _decode_sets(la, lb, lc, ld, kg, KG, FMT, NW, TWO, DEPTH, EVEN_K, INTERP)
     for it in range(0, tl.cdiv(KG, step)):
@@ -1325,7 +1271,7 @@ def _moe_frag_kernel(
     SCALES_AHEAD: tl.constexpr = False, BULK: tl.constexpr = 0, RING: tl.constexpr = "",
     LAUNCH_DEPENDENTS: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False,
     L2_STEPS: tl.constexpr = 0, SIGNAL_READY: tl.constexpr = False, WAIT_READY: tl.constexpr = False,
-    ONE_CLAMP: tl.constexpr = False, XCHG: tl.constexpr = "", EARLY: tl.constexpr = False,
+    ONE_CLAMP: tl.constexpr = False, XCHG: tl.constexpr = "",
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -1360,14 +1306,6 @@ def _moe_frag_kernel(
     ready_target, and reads the gate/up GEMM's rows through the coherent
     path.
 
-    EARLY (the down GEMM on the register path, several tokens): a block's
-    expert and token slots, and its first K step's words and scales, are
-    loaded before the wait for its rows (WAIT_READY's count, or WAIT_PRIOR's
-    griddepcontrol.wait: the alignment is final before any gate/up program
-    lets this launch start); only the activations after it, through the
-    coherent path (ptxas moves read-only loads whose addresses are known
-    above the wait).
-
     XCHG (_exchange_asm; NT 1, not DIRECT): a block's epilogue exchanges the
     warps' partial sums of every C register in one round through a static
     shared buffer, and warp w finishes C registers w, w + NW, ...; else one
@@ -1398,11 +1336,11 @@ def _moe_frag_kernel(
         ids_vec = tl.load(expert_ids_ptr + kidx, mask=kidx < top_k, other=-1)
         tw_vec = tl.load(tw_ptr + kidx, mask=kidx < top_k, other=0.0)
     else:
-        if WAIT_PRIOR and not WAIT_READY and not EARLY:  # the alignment's (or the gate/up GEMM's) outputs
+        if WAIT_PRIOR and not WAIT_READY:  # the alignment's (or the gate/up GEMM's) outputs
             tl.extra.cuda.gdc_wait()
-        # WAIT_READY, EARLY: the alignment ended before any gate/up program let
-        # this launch start; its count read from L2, not a cached line
-        nblk = tl.load(num_post_ptr, volatile=WAIT_READY or EARLY) // BM
+        # WAIT_READY: the alignment ended before any gate/up program let this
+        # launch start; its count read from L2, not a cached line
+        nblk = tl.load(num_post_ptr, volatile=WAIT_READY) // BM
     x32 = x_ptr.to(tl.pointer_type(tl.int32))
     l32 = tl.arange(0, 32)
     # DIRECT down: the token's sums over its slots (C rows gi and gi + 8 of
@@ -1453,12 +1391,12 @@ def _moe_frag_kernel(
             e = tl.where(live, e_id, 0).to(tl.int64)
             sid = tl.where(gi == 0, mb, num_valid)
         else:
-            if WAIT_READY and not EARLY:  # the block's rows from every gate/up program
+            if WAIT_READY:  # the block's rows from every gate/up program
                 _ready_wait(ready_ptr + mb + t * 0, ready_target)
-            e = tl.load(expert_ids_ptr + mb, volatile=EARLY).to(tl.int64)
+            e = tl.load(expert_ids_ptr + mb).to(tl.int64)
             live = mb >= 0
             # the lane's B column: token slot gi (and gi + 8) of this block
-            sid = tl.load(sorted_ids_ptr + mb * BM + gi, volatile=EARLY)
+            sid = tl.load(sorted_ids_ptr + mb * BM + gi)
         valid = sid < num_valid
         if live:
             if X_IS_SORTED:
@@ -1485,17 +1423,6 @@ def _moe_frag_kernel(
             sp1 = s_ptr + e * stride_se + tile1.to(tl.int64) * stride_sn + slane
             acc0 = _zeros(32 * NW, NT)
             acc1 = acc0
-            pre = 0
-            if EARLY:
-                # the first step's words and scales (the activations masked
-                # off), then the wait for this block's rows
-                none = valid & (gi < 0)
-                pre = _load_sets((wp0, wp1, sp0, sp1, xb, xb2, none, none), warp, KG, FMT, NW, NT, TWO, DEPTH,
-                                 INTERP, False, EVEN_K and ONE_CLAMP)
-                if WAIT_READY:
-                    _ready_wait(ready_ptr + mb + t * 0, ready_target)
-                elif WAIT_PRIOR:
-                    _dependent_wait(nblk + t * 0)
             if BULK > 0:
                 acc0, acc1 = _ring_k_loop(
                     acc0, acc1, rb, cnt, t, w_ptr + e * stride_we + tile0 * stride_wt,
@@ -1507,8 +1434,8 @@ def _moe_frag_kernel(
                 cnt += KG // (NW * DEPTH)
             else:
                 acc0, acc1 = _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG, FMT, NT,
-                                         NW, TWO, PIPE, DEPTH, EVEN_K, INTERP, SCALES_AHEAD, WAIT_READY or EARLY,
-                                         ONE_CLAMP, pre, EARLY)
+                                         NW, TWO, PIPE, DEPTH, EVEN_K, INTERP, SCALES_AHEAD, WAIT_READY,
+                                         ONE_CLAMP)
             g = tl.load(g_ptr + e) * g_mult
             # the reduced [32] tile: C rows gi, gi + 8; columns (tokens) 2 tq, 2 tq + 1
             if DIRECT:
@@ -1686,7 +1613,6 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         SIGNAL_READY=ready is not None and gated, WAIT_READY=wait_ready,
         ONE_CLAMP=bool(cfg.get("one_clamp")),
         XCHG=_exchange_asm(nw, 8 if gated or rt == 2 else 4) if cfg.get("exchange") and nt == 1 and not direct else "",
-        EARLY=bool(cfg.get("early_weights")) and not gated and not direct and not bulk,
         num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch or wait_prior else {}),
         **register_cap(cfg),
     )
