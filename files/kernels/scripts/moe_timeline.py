@@ -122,13 +122,13 @@ def install(stamps=("ids", "loop", "end")):
          "    tl.store(rec + 2, t.to(tl.int64) * 0, mask=t == 0)\n"
          "    tl.store(rec + 3, t.to(tl.int64) * 0, mask=t == 0)\n"
          "    tl.store(rec + 4, _smid(t).to(tl.int64), mask=t == 0)\n"),
-        ("        nblk = tl.load(num_post_ptr, volatile=WAIT_READY) // BM\n",
-         "        nblk = tl.load(num_post_ptr, volatile=WAIT_READY) // BM\n"
-         "        tl.store(rec + 5, _gt(t * 0 + nblk), mask=t == 0)\n"),
+        ("            nblk = tl.load(num_post_ptr, volatile=WAIT_READY) // BM\n",
+         "            nblk = tl.load(num_post_ptr, volatile=WAIT_READY) // BM\n"
+         "            tl.store(rec + 5, _gt(t * 0 + nblk), mask=t == 0)\n"),
     ] + [e for name, e in (
-        ("ids", ("            sid = tl.load(sorted_ids_ptr + mb * BM + gi)\n",
-         "            sid = tl.load(sorted_ids_ptr + mb * BM + gi)\n"
-         "            tl.store(rec + 1, _gt(sid + e.to(tl.int32)), mask=(t == 0) & (mb == tl.program_id(1)))\n")),
+        ("ids", ("                sid = tl.load(sorted_ids_ptr + mb * BM + gi)\n",
+         "                sid = tl.load(sorted_ids_ptr + mb * BM + gi)\n"
+         "                tl.store(rec + 1, _gt(sid + e.to(tl.int32)), mask=(t == 0) & (mb == tl.program_id(1)))\n")),
         ("loop", ("                                         ONE_CLAMP)\n",
          "                                         ONE_CLAMP)\n"
          "                tl.store(rec + 2, _gt(acc0[0].to(tl.int32, bitcast=True)), mask=(t == 0) & (mb == tl.program_id(1)))\n")),

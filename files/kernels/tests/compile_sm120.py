@@ -85,9 +85,11 @@ def _gemm_variants():
                     ready = F.block_ready(cfgs, frozenset(dep), model.inter // 64)
                     # exchange: the epilogue's one-round exchange of the warps' sums
                     xchg = F._exchange_asm(c["num_warps"], 8 if two else 4) if c.get("exchange") and c["NT"] == 1 else ""
+                    # inline_align: the blocks worked out from the top-k ids (no alignment launch)
+                    inline = F.inline_align(cfgs, int(bucket), model.top_k, model.local_experts)
                     yield (f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig,
                            dict(const, BULK=bulk, RING=ring, SIGNAL_READY=ready and gated,
-                                WAIT_READY=ready and not gated, XCHG=xchg), c["num_warps"], 1)
+                                WAIT_READY=ready and not gated, XCHG=xchg, INLINE=inline), c["num_warps"], 1)
                     if bucket == "1" and c["NT"] == 1:  # one token: the two-launch path (bf16 output)
                         bulk, ring = F.ring_launch(c, k_words, two, 1)  # one activation row
                         # a dependent down GEMM (dependent_down on sm_90 and newer: through
@@ -102,7 +104,7 @@ def _gemm_variants():
                                     LAUNCH_DEPENDENTS=(prefetch or pdl) and gated, PREFETCH=prefetch and not gated,
                                     WAIT_PRIOR=pdl and not gated,
                                     L2_STEPS=int(cfgs["down"]["pdl"]) if pdl and not gated else 0,
-                                    SIGNAL_READY=False, WAIT_READY=False, XCHG=""),
+                                    SIGNAL_READY=False, WAIT_READY=False, XCHG="", INLINE=False),
                                c["num_warps"], 1)
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:

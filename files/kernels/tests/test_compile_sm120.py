@@ -88,7 +88,8 @@ def test_ring_compiles_for_sm120(case):
     const = dict(FMT=M.FORMATS.index(fmt), GATED=gated, X_IS_SORTED=not gated, HAS_LIMIT=gated, NT=1, NW=nw,
                  RT=rt, PIPE=True, DEPTH=2, EVEN_K=True, INTERP=False, DIRECT=direct, KP=8 if direct else 1,
                  SCALES_AHEAD=False, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=False, PREFETCH=False,
-                 WAIT_PRIOR=False, L2_STEPS=0, SIGNAL_READY=False, WAIT_READY=False, ONE_CLAMP=False, XCHG="")
+                 WAIT_PRIOR=False, L2_STEPS=0, SIGNAL_READY=False, WAIT_READY=False, ONE_CLAMP=False, XCHG="",
+                 INLINE=False)
     sig = dict(C.FRAG_SIG, s_ptr="*i16", out_ptr="*bf16" if gated or direct else "*fp32")
     r = compile_sm120(F._moe_frag_kernel, sig, const, nw, 1, sass=True)
     assert r["static_shared"] == F.ring_bytes(nw, 2, gated or rt == 2, 1 if direct else 8, 2), r["report"]

@@ -148,6 +148,38 @@ def test_block_ready(fmt, T):
         assert res.ok, (seed, res.detail)
 
 
+@pytest.mark.parametrize("model", ["DeepSeek-V4-Flash", "Kimi-K2.5"])
+@pytest.mark.parametrize("T", [2, 5, 8])
+def test_inline_align(model, T):
+    """inline_align (the GEMMs work out the expert blocks from the top-k ids,
+    no alignment launch; warp votes in inline PTX) at the model's EP8 expert
+    share with the H200's batch-8 config: that config's output with the
+    alignment launch bit for bit, on several calls in a row, for the EP share's
+    routing (most slots elsewhere) and for every slot local (distinct ids, up
+    to 64 pairs)."""
+    from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F, models
+
+    m = next(m for m in models.MODELS if m.name == model)
+    E = m.local_experts
+    plain = configs.load_file("NVIDIA_H200.json")[m.fmt]["8"]
+    inline = {**plain, "inline_align": True}
+    assert F.inline_align(inline, T, m.top_k, E)
+    W = M.random_weights(m.fmt, E, m.hidden, m.inter, "cuda", seed=30)
+    for seed in (31, 32, 33):
+        tw, ids, _ = models.ep_share_routing(m, T, "cuda", seed=seed)
+        g = torch.Generator().manual_seed(seed)
+        every = torch.stack([torch.randperm(E, generator=g)[:m.top_k] for _ in range(T)]).to("cuda", torch.int32)
+        for ids in (ids, every):
+            x = torch.randn((T, m.hidden), device="cuda").to(torch.bfloat16)
+            want = M.fused_moe_w4a16(x, W, tw, ids, config=plain, routed_scaling_factor=1.5,
+                                     swiglu_limit=m.swiglu_limit)
+            got = M.fused_moe_w4a16(x, W, tw, ids, config=inline, routed_scaling_factor=1.5,
+                                    swiglu_limit=m.swiglu_limit)
+            assert torch.equal(got, want), (seed, ids)
+            ref = M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5, swiglu_limit=m.swiglu_limit)
+            assert registry.compare(got, ref).ok
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
 @pytest.mark.parametrize("walkers", [1, 3])
 def test_block_walkers_cap(fmt, walkers):

@@ -146,6 +146,29 @@ def test_exchange_is_bit_identical(interpret, fmt, nw, rt):
     assert torch.equal(out, M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=plain))
 
 
+@pytest.mark.parametrize("fmt,E,k,T,xchg", [("nvfp4", 6, 3, 5, True), ("int4", 40, 8, 8, False)])
+def test_inline_align_is_bit_identical(interpret, fmt, E, k, T, xchg):
+    """inline_align (each program works out the expert blocks from the top-k
+    ids, no alignment launch): the alignment launch's output bit for bit, and
+    the reference's. Ids routed elsewhere (-1, >= E) among them; the second
+    case fills both 32-bit halves of the expert and pair masks (64 pairs, 9
+    live experts on both sides of 32). Two block walkers, so a program walks
+    several blocks; the epilogue with and without the exchange."""
+    H, I = 128, 64
+    g = torch.Generator().manual_seed(11)
+    live = torch.arange(E) if E < 32 else torch.tensor([1, 2, 7, 31, 32, 33, 36, 38, 39])
+    ids = torch.stack([live[torch.randperm(len(live), generator=g)[:k]] for _ in range(T)]).to(torch.int32)
+    ids[1, 0], ids[T - 1, k - 1] = -1, E + 3
+    gu = dict(kernel="frag", NT=1, num_warps=2, pipe=True, depth=2, walkers=2, exchange=xchg)
+    plain = {"gate_up": gu, "down": dict(kernel="frag", NT=1, num_warps=2, pipe=False, depth=2, RT=2, walkers=2,
+                                         exchange=xchg)}
+    inline = dict(plain, inline_align=True)
+    assert F.inline_align(inline, T, k, E) and not F.inline_align(inline, 9, k, E)
+    out, ref, (x, W, tw) = _run(fmt, T, E, H, I, ids, rsf=1.5, seed=12, cfg=inline)
+    assert compare(out, ref).ok, compare(out, ref).detail
+    assert torch.equal(out, M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=plain))
+
+
 def test_exchange_asm_layout():
     """The exchange's shared buffer: [warp][vector][lane] 16-byte vectors (a
     lane's stores and loads 16 bytes apart, so no two lanes of a quarter-warp

@@ -344,15 +344,16 @@ def _moe_gemm_kernel(
 def _combine_kernel(buf_ptr, ids_ptr, out_ptr, top_k, H, num_local, rsf,
                     stride_bm, stride_om, BLOCK_H: tl.constexpr, KP: tl.constexpr, INTERP: tl.constexpr,
                     WAIT_PRIOR: tl.constexpr = False):
-    if WAIT_PRIOR:  # a programmatic dependent launch: buf is the previous kernel's output
-        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs < H
     # the token's ids in one load, then all its local rows at once: two
-    # dependent memory round trips, not two per slot
+    # dependent memory round trips, not two per slot (the ids are not the
+    # previous kernel's output: loaded before its wait)
     j = tl.arange(0, KP)
     eid = tl.load(ids_ptr + t * top_k + j, mask=j < top_k, other=-1)
+    if WAIT_PRIOR:  # a programmatic dependent launch: buf is the previous kernel's output
+        tl.extra.cuda.gdc_wait()
     # slots routed to other ranks (-1 or out of range) contribute nothing
     local = (eid >= 0) & (eid < num_local)
     rows = (t * top_k + j).to(tl.int64)

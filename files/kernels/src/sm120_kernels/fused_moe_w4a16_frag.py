@@ -655,6 +655,17 @@ def block_ready(cfg: dict, dep: frozenset, down_kg: int) -> bool:
     return bool(cfg.get("block_ready")) and "down" in dep and not ring_launch(cfg["down"], down_kg, False, 8)[0]
 
 
+def inline_align(cfg: dict, tokens: int, top_k: int, experts: int) -> bool:
+    """Whether the GEMMs work out the expert blocks from the top-k ids
+    themselves, with no alignment launch (whole-config key "inline_align"):
+    only with 8-token blocks and at most 8 tokens (so each block is one
+    expert's pairs), and at most 64 pairs and 64 local experts (one 64-bit
+    mask each; DeepSeek-V4-Flash and Kimi-K2.5 under EP8 at batch 8). Not
+    with block_ready, whose counts the alignment zeroes."""
+    return (bool(cfg.get("inline_align")) and not cfg.get("block_ready") and cfg["gate_up"]["NT"] == 1
+            and tokens <= 8 and tokens * top_k <= 64 and experts <= 64)
+
+
 def dependent_down(cfg: dict, kg: int, device) -> bool:
     """Whether one token's down GEMM is a programmatic dependent launch: it
     prefetches through its rings (ring_prefetch), or config "pdl" (the
@@ -823,6 +834,158 @@ def _l2_ask(p):
     """Ask L2 for the line at p; no register waits for it."""
     tl.inline_asm_elementwise(asm="prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", constraints="=r,l", args=[p],
                               dtype=tl.int32, is_pure=False, pack=1)
+
+
+# Inline alignment (inline_align): at most 8 tokens in 8-token blocks, at most
+# 64 (token, slot) pairs and 64 local experts. Then each block is one live
+# expert's pairs (a token's top-k ids are distinct, so no expert has more than
+# 8), blocks in ascending expert order, a block's slots its pairs in pair
+# order: moe_align's blocks, worked out by each program from the top-k ids
+# with warp votes instead of an alignment launch. A mask pair (lo, hi) holds
+# 64 bits: bit b of lo is expert (or pair) b, bit b of hi b + 32. Each lane
+# reads pairs lane and lane + 32 itself (%laneid), so the results are the same
+# in every thread and the kernel takes them as scalars.
+_INLINE_LOADS = """mov.u32 l, %laneid;
+        mov.b32 a, -1;
+        mov.b32 b, -1;
+        mul.wide.u32 ad, l, 4;
+        add.s64 ad, ad, {ptr};
+        setp.lt.s32 q, l, {n};
+        @q ld.global.b32 a, [ad];
+        add.s32 t, l, 32;
+        setp.lt.s32 q, t, {n};
+        @q ld.global.b32 b, [ad+128];"""
+# -> (lo, hi, count) of the live experts (ids in [0, E)); a shift of 32 or
+# more (and so of any negative id) gives 0
+_INLINE_SCAN = tl.constexpr("""{
+        .reg .pred q;
+        .reg .b32 l, a, b, t, u, one;
+        .reg .b64 ad;
+        """ + _INLINE_LOADS.format(ptr="$3", n="$4") + """
+        setp.ge.s32 q, a, $5;
+        @q mov.b32 a, -1;
+        setp.ge.s32 q, b, $5;
+        @q mov.b32 b, -1;
+        mov.b32 one, 1;
+        shl.b32 t, one, a;
+        shl.b32 u, one, b;
+        or.b32 t, t, u;
+        redux.sync.or.b32 $0, t, 0xffffffff;
+        sub.s32 a, a, 32;
+        sub.s32 b, b, 32;
+        shl.b32 t, one, a;
+        shl.b32 u, one, b;
+        or.b32 t, t, u;
+        redux.sync.or.b32 $1, t, 0xffffffff;
+        popc.b32 t, $0;
+        popc.b32 u, $1;
+        add.s32 $2, t, u;
+        }""")
+# -> (lo, hi) of the pairs routed to expert $3
+_INLINE_MEMBERS = tl.constexpr("""{
+        .reg .pred q;
+        .reg .b32 l, a, b, t;
+        .reg .b64 ad;
+        """ + _INLINE_LOADS.format(ptr="$2", n="$4") + """
+        setp.eq.s32 q, a, $3;
+        vote.sync.ballot.b32 $0, q, 0xffffffff;
+        setp.eq.s32 q, b, $3;
+        vote.sync.ballot.b32 $1, q, 0xffffffff;
+        }""")
+# -> the position of set bit $3 (from 0) of (lo, hi), or $4 if it has fewer
+_NTH_SET = tl.constexpr("""{
+        .reg .pred q;
+        .reg .b32 n, o, f;
+        popc.b32 n, $1;
+        add.s32 o, $3, 1;
+        fns.b32 $0, $1, 0, o;
+        sub.s32 o, o, n;
+        fns.b32 f, $2, 0, o;
+        setp.eq.s32 q, f, -1;
+        add.s32 f, f, 32;
+        @q mov.b32 f, $4;
+        setp.ge.s32 q, $3, n;
+        @q mov.b32 $0, f;
+        }""")
+
+
+@triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _popc(v):
+    """Set bits of an int32 (the interpreter's popc)."""
+    v = v.to(tl.uint32, bitcast=True)
+    v = v - ((v >> 1) & 0x55555555)
+    v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
+    v = (v + (v >> 4)) & 0x0F0F0F0F
+    v = v + (v >> 8)
+    v = v + (v >> 16)
+    return (v & 63).to(tl.int32)
+
+
+@triton.jit
+def _inline_scan(ids_ptr, num_valid, num_experts, INTERP: tl.constexpr):
+    """(lo, hi, count) of the experts with pairs among the num_valid top-k ids."""
+    if INTERP:
+        p = tl.arange(0, 64)
+        ids = tl.load(ids_ptr + p, mask=p < num_valid, other=-1)
+        live = (ids >= 0) & (ids < num_experts)
+        lo = tl.reduce(tl.where(live & (ids < 32), 1 << (ids % 32), 0), 0, _or)
+        hi = tl.reduce(tl.where(live & (ids >= 32), 1 << (ids % 32), 0), 0, _or)
+        return lo, hi, _popc(lo) + _popc(hi)
+    else:
+        return tl.inline_asm_elementwise(asm=_INLINE_SCAN, constraints="=r,=r,=r,l,r,r",
+                                         args=[ids_ptr, num_valid, num_experts], dtype=(tl.int32, tl.int32, tl.int32),
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _inline_members(ids_ptr, e, num_valid, INTERP: tl.constexpr):
+    """(lo, hi) of the pairs routed to expert e."""
+    if INTERP:
+        p = tl.arange(0, 64)
+        ids = tl.load(ids_ptr + p, mask=p < num_valid, other=-1)
+        hit = (ids == e) & (p < num_valid)
+        lo = tl.reduce(tl.where(hit & (p < 32), 1 << (p % 32), 0), 0, _or)
+        hi = tl.reduce(tl.where(hit & (p >= 32), 1 << (p % 32), 0), 0, _or)
+        return lo, hi
+    else:
+        return tl.inline_asm_elementwise(asm=_INLINE_MEMBERS, constraints="=r,=r,l,r,r", args=[ids_ptr, e, num_valid],
+                                         dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _mask_bits(lo, hi):
+    """The interpreter's view of a mask pair: bit b of the 64 (b, set)."""
+    b = tl.arange(0, 64)
+    return b, tl.where(b < 32, lo >> (b % 32), hi >> (b % 32)) & 1
+
+
+@triton.jit
+def _nth_set(lo, hi, n, none, INTERP: tl.constexpr):
+    """Per thread: the position of set bit n (from 0) of the mask pair, none
+    if fewer are set."""
+    if INTERP:
+        b, bit = _mask_bits(lo, hi)
+        hit = (bit == 1)[None, :] & ((tl.cumsum(bit, 0) - bit)[None, :] == n[:, None])
+        return tl.where(tl.sum(hit.to(tl.int32), 1) > 0, tl.sum(tl.where(hit, b[None, :], 0), 1), none)
+    else:
+        return tl.inline_asm_elementwise(asm=_NTH_SET, constraints="=r,r,r,r,r", args=[lo, hi, n, n * 0 + none],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _nth_expert(lo, hi, n, INTERP: tl.constexpr):
+    """The position of set bit n (a scalar below the count) of the mask pair."""
+    if INTERP:
+        b, bit = _mask_bits(lo, hi)
+        return tl.sum(tl.where((bit == 1) & (tl.cumsum(bit, 0) - bit == n), b, 0))
+    else:
+        return tl.inline_asm_elementwise(asm=_NTH_SET, constraints="=r,r,r,r,r", args=[lo, hi, n, n * 0 - 1],
+                                         dtype=tl.int32, is_pure=True, pack=1)
 
 
 # --------------------------------------------------------------------------
@@ -1271,7 +1434,7 @@ def _moe_frag_kernel(
     SCALES_AHEAD: tl.constexpr = False, BULK: tl.constexpr = 0, RING: tl.constexpr = "",
     LAUNCH_DEPENDENTS: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False,
     L2_STEPS: tl.constexpr = 0, SIGNAL_READY: tl.constexpr = False, WAIT_READY: tl.constexpr = False,
-    ONE_CLAMP: tl.constexpr = False, XCHG: tl.constexpr = "",
+    ONE_CLAMP: tl.constexpr = False, XCHG: tl.constexpr = "", INLINE: tl.constexpr = False,
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -1309,7 +1472,13 @@ def _moe_frag_kernel(
     XCHG (_exchange_asm; NT 1, not DIRECT): a block's epilogue exchanges the
     warps' partial sums of every C register in one round through a static
     shared buffer, and warp w finishes C registers w, w + NW, ...; else one
-    tl.sum over the warps per C register."""
+    tl.sum over the warps per C register.
+
+    INLINE (inline_align; NT 1, not DIRECT, no block_ready): no alignment
+    launch; expert_ids_ptr is the flat top-k ids, and each program works out
+    the blocks from them (_inline_scan, _inline_members, _nth_set): block mb
+    is the mb-th live expert, its slots that expert's pairs in order, as
+    moe_align's."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
     EXCHANGE: tl.constexpr = XCHG != ""  # the host sets XCHG only for NT 1, not DIRECT
@@ -1336,11 +1505,16 @@ def _moe_frag_kernel(
         ids_vec = tl.load(expert_ids_ptr + kidx, mask=kidx < top_k, other=-1)
         tw_vec = tl.load(tw_ptr + kidx, mask=kidx < top_k, other=0.0)
     else:
+        if INLINE and not GATED:  # the top-k ids do not come from the gate/up GEMM: no wait first
+            elo, ehi, nblk = _inline_scan(expert_ids_ptr, num_valid, num_experts, INTERP)
         if WAIT_PRIOR and not WAIT_READY:  # the alignment's (or the gate/up GEMM's) outputs
             tl.extra.cuda.gdc_wait()
-        # WAIT_READY: the alignment ended before any gate/up program let this
-        # launch start; its count read from L2, not a cached line
-        nblk = tl.load(num_post_ptr, volatile=WAIT_READY) // BM
+        if INLINE and GATED:  # the ids may be the launch before's (the routing's) outputs
+            elo, ehi, nblk = _inline_scan(expert_ids_ptr, num_valid, num_experts, INTERP)
+        if not INLINE:
+            # WAIT_READY: the alignment ended before any gate/up program let this
+            # launch start; its count read from L2, not a cached line
+            nblk = tl.load(num_post_ptr, volatile=WAIT_READY) // BM
     x32 = x_ptr.to(tl.pointer_type(tl.int32))
     l32 = tl.arange(0, 32)
     # DIRECT down: the token's sums over its slots (C rows gi and gi + 8 of
@@ -1393,10 +1567,16 @@ def _moe_frag_kernel(
         else:
             if WAIT_READY:  # the block's rows from every gate/up program
                 _ready_wait(ready_ptr + mb + t * 0, ready_target)
-            e = tl.load(expert_ids_ptr + mb).to(tl.int64)
             live = mb >= 0
             # the lane's B column: token slot gi (and gi + 8) of this block
-            sid = tl.load(sorted_ids_ptr + mb * BM + gi)
+            if INLINE:
+                e_in = _nth_expert(elo, ehi, mb, INTERP)
+                mlo, mhi = _inline_members(expert_ids_ptr, e_in, num_valid, INTERP)
+                e = e_in.to(tl.int64)
+                sid = _nth_set(mlo, mhi, gi, num_valid, INTERP)
+            else:
+                e = tl.load(expert_ids_ptr + mb).to(tl.int64)
+                sid = tl.load(sorted_ids_ptr + mb * BM + gi)
         valid = sid < num_valid
         if live:
             if X_IS_SORTED:
@@ -1462,8 +1642,12 @@ def _moe_frag_kernel(
                 # (_exchange_asm), then each warp finishes its own C registers
                 # j = warp, warp + NW, ... (not every warp all four)
                 slot_t = mb * BM + 2 * tq
-                sid_te = tl.load(sorted_ids_ptr + slot_t)
-                sid_to = tl.load(sorted_ids_ptr + slot_t + 1)
+                if INLINE:
+                    sid_te = _nth_set(mlo, mhi, 2 * tq, num_valid, INTERP)
+                    sid_to = _nth_set(mlo, mhi, 2 * tq + 1, num_valid, INTERP)
+                else:
+                    sid_te = tl.load(sorted_ids_ptr + slot_t)
+                    sid_to = tl.load(sorted_ids_ptr + slot_t + 1)
                 if not GATED:
                     tw_te = tl.load(tw_ptr + sid_te, mask=sid_te < num_valid, other=0.0)
                     tw_to = tl.load(tw_ptr + sid_to, mask=sid_to < num_valid, other=0.0)
@@ -1505,7 +1689,10 @@ def _moe_frag_kernel(
                 if DIRECT:  # block mb holds slot mb in column 0 only (GATED here)
                     okj = slot == mb * BM
                 else:
-                    sidj = tl.load(sorted_ids_ptr + slot)
+                    if INLINE:
+                        sidj = _nth_set(mlo, mhi, 2 * (l32 % 4) + (j % 2), num_valid, INTERP)
+                    else:
+                        sidj = tl.load(sorted_ids_ptr + slot)
                     okj = sidj < num_valid
                 if GATED:
                     gate = v0
@@ -1557,7 +1744,8 @@ def direct_split(top_k: int, tiles: int, sms: int, cfg: dict) -> int:
 
 
 def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
-               rsf=1.0, direct=False, launch_dependents=False, wait_prior=False, scale_shift=0, ready=None):
+               rsf=1.0, direct=False, launch_dependents=False, wait_prior=False, scale_shift=0, ready=None,
+               inline=False):
     """One GEMM launch. align: moe_align's (sorted ids, expert ids, count);
     direct: one token, align = (its top-k ids,) * 3 (see the kernel's DIRECT).
     launch_dependents: let the next launch start now (one token's gate/up
@@ -1565,7 +1753,8 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     scale fragments' power of two (W4A16Weights.shift13 / shift2). ready:
     block_ready's counts (moe_align's fourth output): the gate/up GEMM counts
     its finished row tiles per block there, the down GEMM (wait_prior) waits
-    for each block's."""
+    for each block's. inline: align = (the flat top-k ids,) * 3, and the
+    kernel works out the blocks (inline_align)."""
     sorted_ids, expert_ids = align[0], align[1]
     E, RT, KG = Wf.shape[:3]
     assert cfg.get("kernel") == "frag", f"packed weights need a fragment-kernel config, not {cfg}"
@@ -1598,6 +1787,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         # then walks several blocks when more exist; the others exit at once)
         grid = (tiles, max(1, min(expert_ids.shape[0], E, num_valid, cfg.get("walkers") or E)))
     wait_ready = ready is not None and not gated
+    assert not inline or (nt == 1 and not direct and ready is None), "inline_align: 8-token blocks, no block_ready"
     assert not wait_ready or (wait_prior and not bulk), "block_ready: a dependent down GEMM on the register path"
     _moe_frag_kernel[grid](
         x, Wf, s, g, out, tw, sorted_ids, expert_ids, align[2], align[2] if ready is None else ready,
@@ -1611,7 +1801,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         SCALES_AHEAD=scales_ahead, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=launch_dependents, PREFETCH=prefetch,
         WAIT_PRIOR=wait_prior, L2_STEPS=int(cfg.get("pdl") or 0) if wait_prior and direct else 0,
         SIGNAL_READY=ready is not None and gated, WAIT_READY=wait_ready,
-        ONE_CLAMP=bool(cfg.get("one_clamp")),
+        ONE_CLAMP=bool(cfg.get("one_clamp")), INLINE=inline,
         XCHG=_exchange_asm(nw, 8 if gated or rt == 2 else 4) if cfg.get("exchange") and nt == 1 and not direct else "",
         num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch or wait_prior else {}),
         **register_cap(cfg),
@@ -1659,15 +1849,21 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
                    scale_shift=weights.shift2)
         return out
     dep = dependent_launches(cfg, x.device)
-    by_block = block_ready(cfg, dep, weights.w2.shape[2])
-    align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep, ready=by_block)
-    ready = align[3] if by_block else None
-    inter = torch.empty((align[0].shape[0], I), dtype=torch.bfloat16, device=x.device)
+    inline = inline_align(cfg, T, k, E)
+    if inline:  # no alignment launch: the GEMMs work out the blocks from the ids
+        flat = topk_ids.view(-1)
+        align, ready, rows = (flat, flat, flat), None, min(E, num_valid) * bm
+    else:
+        by_block = block_ready(cfg, dep, weights.w2.shape[2])
+        align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep, ready=by_block)
+        ready = align[3] if by_block else None
+        rows = align[0].shape[0]
+    inter = torch.empty((rows, I), dtype=torch.bfloat16, device=x.device)
     _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, align, k, I, weights.fmt,
                cfg["gate_up"], True, False, swiglu_limit, num_valid, launch_dependents="down" in dep,
-               wait_prior="gate_up" in dep, scale_shift=weights.shift13, ready=ready)
+               wait_prior="gate_up" in dep, scale_shift=weights.shift13, ready=ready, inline=inline)
     buf = torch.empty((num_valid, H), dtype=torch.float32, device=x.device)
     _frag_gemm(inter, weights.w2, weights.s2, weights.g2, buf, topk_weights, align, k, H, weights.fmt,
                cfg["down"], False, True, None, num_valid, launch_dependents="combine" in dep,
-               wait_prior="down" in dep, scale_shift=weights.shift2, ready=ready)
+               wait_prior="down" in dep, scale_shift=weights.shift2, ready=ready, inline=inline)
     return combine(buf, topk_ids, E, routed_scaling_factor, out, wait_prior="combine" in dep)
