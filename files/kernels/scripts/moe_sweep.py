@@ -5,7 +5,7 @@ stream: the bench's input sets back to back in one graph; medians), each
 checked against the reference first.
 
     PYTHONPATH=src python3 scripts/moe_sweep.py [--both | --only-both] [--key KEY] [--part GEMM] [--var JSON]
-        [--top JSON] [--model NAME] [batch ...]
+        [--top JSON] [--model NAME] [--device-name NAME] [batch ...]
 
 --top merges whole-config keys ("direct", or a GEMM's keys under its name)
 into the shipped config, one variant each; with --top and no --var only those
@@ -65,6 +65,7 @@ def main():
     ap.add_argument("--model", help="only the models whose name contains this")
     ap.add_argument("--top", action="append", type=json.loads, metavar="JSON", default=[],
                     help='whole-config keys, e.g. \'{"direct": true, "gate_up": {"direct_split": 2}}\' (repeatable)')
+    ap.add_argument("--device-name", help="the config file of this device, not the local one's (e.g. 'NVIDIA H200')")
     args = ap.parse_args()
     dev = torch.device("cuda")
     variants_tried = [v for v in (args.var or ([] if args.top else VARIANTS)) if args.key is None or args.key in v]
@@ -73,7 +74,7 @@ def main():
             continue
         W = M._model_weights(model, dev)
         for b in args.batches:
-            shipped = get_config(model.fmt, b)
+            shipped = get_config(model.fmt, b, device_name=args.device_name)
             tw, ids, active = ep_share_routing(model, b, dev, seed=1000 + b)
             x = torch.randn((b, model.hidden), device=dev).to(torch.bfloat16)
             kw = dict(routed_scaling_factor=model.routed_scaling_factor, swiglu_limit=model.swiglu_limit)

@@ -238,7 +238,8 @@ def test_dependent_trials():
     pdl (0 and 1 K steps asked of L2), a prefetching ring down GEMM nothing
     more; several tokens and the four-launch path try the dependent launches,
     all or the GEMMs only, each also with block_ready where the down GEMM
-    runs on the register path."""
+    runs on the register path, and up to 8 tokens without the alignment
+    launch (inline_align)."""
     from sm120_kernels import bench
 
     reg = {"gate_up": {"num_warps": 8}, "down": {"num_warps": 4, "pipe": True}}
@@ -247,8 +248,11 @@ def test_dependent_trials():
     assert bench.dependent_trials(ring, 1) == [ring]
     for cfg, batch in ((reg, 8), ({**reg, "direct": False}, 1)):
         trials = bench.dependent_trials(cfg, batch)
-        assert [(t.get("dependent_launches"), t.get("block_ready")) for t in trials] == [
-            (None, None), (True, None), (["gate_up", "down"], None), (True, True), (["gate_up", "down"], True)]
+        assert [(t.get("dependent_launches"), t.get("block_ready"), t.get("inline_align")) for t in trials] == [
+            (None, None, None), (True, None, None), (["gate_up", "down"], None, None), (True, True, None),
+            (["gate_up", "down"], True, None), (True, None, True), (["gate_up", "down"], None, True)]
+    # no inline_align past 8 tokens (an expert's pairs may fill several blocks)
+    assert not any(t.get("inline_align") for t in bench.dependent_trials(reg, 32))
     # block_ready is not tried where the down GEMM runs through rings
     ring8 = {**reg, "down": {"num_warps": 1, "bulk": 2}}
     assert not any(t.get("block_ready") for t in bench.dependent_trials(ring8, 8))

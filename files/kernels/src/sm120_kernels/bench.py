@@ -200,13 +200,18 @@ def dependent_trials(cfg: dict, batch: int) -> list:
     or one of its first K steps first (pdl). On the H200 both paid
     (README, "Tenth round"). Each dependent choice also with block_ready (the
     down GEMM starting on each expert block as soon as the gate/up GEMM has
-    finished it; README, "Twelfth round")."""
+    finished it; README, "Twelfth round"). Up to 8 tokens in 8-token blocks,
+    each dependent choice also without the alignment launch (inline_align;
+    README, "Twentieth round")."""
     if batch == 1 and cfg.get("direct", True):
         if cfg["down"].get("bulk"):
             return [cfg]
         return [cfg] + [{**cfg, "down": {**cfg["down"], "pdl": steps}} for steps in (0, 1)]
     deps = [{**cfg, "dependent_launches": dep} for dep in (True, ["gate_up", "down"])]
-    return [cfg] + deps + [{**d, "block_ready": True} for d in deps if not d["down"].get("bulk")]
+    trials = [cfg] + deps + [{**d, "block_ready": True} for d in deps if not d["down"].get("bulk")]
+    if batch <= 8 and cfg["gate_up"].get("NT", 1) == 1:
+        trials += [{**d, "inline_align": True} for d in deps]
+    return trials
 
 
 def _fastest(case, dev, do_bench, key, trials, what):
