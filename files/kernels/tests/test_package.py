@@ -80,6 +80,18 @@ def test_config_block_ready_needs_a_dependent_down(dep):
         configs.validate("bad.json", data)
 
 
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_config_inline_align_is_a_flag(value):
+    """inline_align is true or false; anything else is refused, naming the
+    file, the format and the value."""
+    data = copy.deepcopy(configs.load_file("default.json"))
+    data["int4"]["64"]["inline_align"] = True
+    configs.validate("ok.json", data)
+    data["int4"]["64"]["inline_align"] = value
+    with pytest.raises(ValueError, match=r"bad.json: int4: inline_align is true or false, not " + re.escape(repr(value))):
+        configs.validate("bad.json", data)
+
+
 @pytest.mark.parametrize("value", [0, 2.5, True, "8"])
 def test_config_walkers_is_a_positive_count(value):
     """A GEMM's walkers (the most block walkers per row tile) is a whole

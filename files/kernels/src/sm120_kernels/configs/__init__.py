@@ -37,6 +37,10 @@ DEPENDENT_LAUNCHES): those launches start while the launch before them
 runs (programmatic dependent launch) and wait for its outputs. block_ready
 (with "down" among them, its config on the register path): the down GEMM
 starts on each expert block once the gate/up GEMM has written all of it.
+inline_align (true or false): up to 8 tokens in 8-token blocks, with at most
+64 top-k pairs and 64 local experts, no alignment launch: each GEMM program
+works out its expert blocks from the top-k ids (warp votes); elsewhere, and
+with block_ready, the alignment launch runs as usual.
 """
 
 from __future__ import annotations
@@ -89,6 +93,8 @@ def validate(name: str, data: dict) -> dict:
                                  f"{list(DEPENDENT_LAUNCHES)}, not {dep!r}")
             if bucket.get("block_ready") and not (dep is True or (isinstance(dep, list) and "down" in dep)):
                 raise ValueError(f"{name}: {fmt}: block_ready needs the down GEMM among dependent_launches")
+            if not isinstance(bucket.get("inline_align", False), bool):
+                raise ValueError(f"{name}: {fmt}: inline_align is true or false, not {bucket['inline_align']!r}")
             if bucket["gate_up"].get("NT") != bucket["down"].get("NT"):
                 raise ValueError(f"{name}: {fmt}: gate_up and down must share NT (one alignment)")
     return data
