@@ -927,11 +927,17 @@ def _popc(v):
 
 
 @triton.jit
+def _pair_ids(ids_ptr, num_valid):
+    """The interpreter's view of the pairs: (index, top-k id or -1) of all 64."""
+    p = tl.arange(0, 64)
+    return p, tl.load(ids_ptr + p, mask=p < num_valid, other=-1)
+
+
+@triton.jit
 def _inline_scan(ids_ptr, num_valid, num_experts, INTERP: tl.constexpr):
     """(lo, hi, count) of the experts with pairs among the num_valid top-k ids."""
     if INTERP:
-        p = tl.arange(0, 64)
-        ids = tl.load(ids_ptr + p, mask=p < num_valid, other=-1)
+        p, ids = _pair_ids(ids_ptr, num_valid)
         live = (ids >= 0) & (ids < num_experts)
         lo = tl.reduce(tl.where(live & (ids < 32), 1 << (ids % 32), 0), 0, _or)
         hi = tl.reduce(tl.where(live & (ids >= 32), 1 << (ids % 32), 0), 0, _or)
@@ -946,8 +952,7 @@ def _inline_scan(ids_ptr, num_valid, num_experts, INTERP: tl.constexpr):
 def _inline_members(ids_ptr, e, num_valid, INTERP: tl.constexpr):
     """(lo, hi) of the pairs routed to expert e."""
     if INTERP:
-        p = tl.arange(0, 64)
-        ids = tl.load(ids_ptr + p, mask=p < num_valid, other=-1)
+        p, ids = _pair_ids(ids_ptr, num_valid)
         hit = (ids == e) & (p < num_valid)
         lo = tl.reduce(tl.where(hit & (p < 32), 1 << (p % 32), 0), 0, _or)
         hi = tl.reduce(tl.where(hit & (p >= 32), 1 << (p % 32), 0), 0, _or)
