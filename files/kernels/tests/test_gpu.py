@@ -180,6 +180,57 @@ def test_inline_align(model, T):
             assert registry.compare(got, ref).ok
 
 
+@pytest.mark.parametrize("model", ["DeepSeek-V4-Flash", "Kimi-K2.5"])
+@pytest.mark.parametrize("T", [2, 8, 32])
+def test_combine_in_down(model, T):
+    """combine_in_down (the last down program of each row tile sums the
+    tokens' rows; no combine launch) at the model's EP8 expert share with the
+    H200's config for the batch (block_ready off, with which the combine
+    launch runs), and up to 8 tokens also with inline_align (two launches):
+    the combine launch's output (the same rows summed in slot order; within
+    one bf16 step where the launch adds them in another order) and the
+    reference's, for the EP share's routing and every slot local. Then in a
+    CUDA graph: each replay, into an output filled with NaN, writes the eager
+    call's output bit for bit (each call's gate/up GEMM zeroes the counts the
+    last one left)."""
+    from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F, models
+
+    m = next(m for m in models.MODELS if m.name == model)
+    E = m.local_experts
+    plain = configs.pick(configs.load_file("NVIDIA_H200.json"), m.fmt, T)
+    fused = [{**plain, "block_ready": False, "combine_in_down": True}]
+    if T <= 8:
+        fused.append({**fused[0], "inline_align": True})
+    assert all(F.combine_in_down(c, False) for c in fused)
+    kw = dict(routed_scaling_factor=1.5, swiglu_limit=m.swiglu_limit)
+    W = M.random_weights(m.fmt, E, m.hidden, m.inter, "cuda", seed=40)
+    for seed in (41, 42):
+        tw, ids, _ = models.ep_share_routing(m, T, "cuda", seed=seed)
+        g = torch.Generator().manual_seed(seed)
+        every = torch.stack([torch.randperm(E, generator=g)[:m.top_k] for _ in range(T)]).to("cuda", torch.int32)
+        for ids in (ids, every):
+            x = torch.randn((T, m.hidden), device="cuda").to(torch.bfloat16)
+            want = M.fused_moe_w4a16(x, W, tw, ids, config=plain, **kw)
+            ref = M.moe_w4a16_reference(x, W, tw, ids, **kw)
+            for cfg in fused:
+                got = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, **kw)
+                torch.testing.assert_close(got.float(), want.float(), rtol=2**-7,
+                                           atol=1e-6 * want.float().abs().max().item())
+                assert registry.compare(got, ref).ok, (seed, cfg)
+    for cfg in fused:
+        first = M.fused_moe_w4a16(x, W, tw, ids, config=cfg, **kw)
+        out = torch.empty_like(first)
+        M.fused_moe_w4a16(x, W, tw, ids, config=cfg, out=out, **kw)  # warm-up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            M.fused_moe_w4a16(x, W, tw, ids, config=cfg, out=out, **kw)
+        for _ in range(3):
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, first), cfg
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "int4"])
 @pytest.mark.parametrize("walkers", [1, 3])
 def test_block_walkers_cap(fmt, walkers):

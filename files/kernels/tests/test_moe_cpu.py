@@ -169,6 +169,38 @@ def test_inline_align_is_bit_identical(interpret, fmt, E, k, T, xchg):
     assert torch.equal(out, M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=plain))
 
 
+@pytest.mark.parametrize("fmt,T,rt,inline", [("nvfp4", 5, 2, True), ("int4", 12, 1, False)])
+def test_combine_in_down_is_bit_identical(interpret, fmt, T, rt, inline):
+    """combine_in_down (the last down program of each row tile sums the
+    tokens' rows, no combine launch): the combine launch's output bit for bit
+    (the interpreter sums the slots in the same order), and the reference's.
+    Two calls in a row, the output filled with NaN before each: each call's
+    gate/up GEMM zeroes the counts the call before left, or no program finds
+    itself last and rows stay NaN. Ids routed elsewhere (-1, >= E); two block
+    walkers, so a row tile has programs with several blocks and with none;
+    one and two down row tiles per program; 5 tokens with inline_align, 12
+    (two rounds of 8 tokens, the second partial) with the alignment launch."""
+    E, H, I, k = 6, 128, 64, 3
+    g = torch.Generator().manual_seed(13)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(torch.int32)
+    ids[1, 0], ids[T - 1, k - 1] = -1, E + 3
+    plain = {"gate_up": dict(kernel="frag", NT=1, num_warps=2, pipe=True, depth=2, walkers=2),
+             "down": dict(kernel="frag", NT=1, num_warps=2, pipe=False, depth=2, RT=rt, walkers=2),
+             "inline_align": inline}
+    fused = dict(plain, combine_in_down=True)
+    assert F.combine_in_down(fused, False) and not F.combine_in_down(fused, True)
+    W = M.random_weights(fmt, E, H, I, "cpu", seed=14)
+    tw = torch.rand(ids.shape, generator=g) + 0.1
+    x = torch.randn((T, H), generator=g).to(torch.bfloat16)
+    want = M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=plain)
+    assert compare(want, M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5)).ok
+    out = torch.empty((T, H), dtype=torch.bfloat16)
+    for call in range(2):
+        out.fill_(float("nan"))
+        got = M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=fused, out=out)
+        assert got.data_ptr() == out.data_ptr() and torch.equal(got, want), call
+
+
 def test_exchange_asm_layout():
     """The exchange's shared buffer: [warp][vector][lane] 16-byte vectors (a
     lane's stores and loads 16 bytes apart, so no two lanes of a quarter-warp

@@ -80,15 +80,16 @@ def test_config_block_ready_needs_a_dependent_down(dep):
         configs.validate("bad.json", data)
 
 
+@pytest.mark.parametrize("flag", ["inline_align", "combine_in_down"])
 @pytest.mark.parametrize("value", [1, "yes", None])
-def test_config_inline_align_is_a_flag(value):
-    """inline_align is true or false; anything else is refused, naming the
-    file, the format and the value."""
+def test_config_flags_are_true_or_false(flag, value):
+    """inline_align and combine_in_down are true or false; anything else is
+    refused, naming the file, the format, the key and the value."""
     data = copy.deepcopy(configs.load_file("default.json"))
-    data["int4"]["64"]["inline_align"] = True
+    data["int4"]["64"][flag] = True
     configs.validate("ok.json", data)
-    data["int4"]["64"]["inline_align"] = value
-    with pytest.raises(ValueError, match=r"bad.json: int4: inline_align is true or false, not " + re.escape(repr(value))):
+    data["int4"]["64"][flag] = value
+    with pytest.raises(ValueError, match=rf"bad.json: int4: {flag} is true or false, not " + re.escape(repr(value))):
         configs.validate("bad.json", data)
 
 
@@ -250,8 +251,9 @@ def test_dependent_trials():
     pdl (0 and 1 K steps asked of L2), a prefetching ring down GEMM nothing
     more; several tokens and the four-launch path try the dependent launches,
     all or the GEMMs only, each also with block_ready where the down GEMM
-    runs on the register path, and up to 8 tokens without the alignment
-    launch (inline_align)."""
+    runs on the register path, the combine in the down GEMM (combine_in_down)
+    with the GEMMs dependent or not, and up to 8 tokens each of those without
+    the alignment launch (inline_align)."""
     from sm120_kernels import bench
 
     reg = {"gate_up": {"num_warps": 8}, "down": {"num_warps": 4, "pipe": True}}
@@ -260,11 +262,15 @@ def test_dependent_trials():
     assert bench.dependent_trials(ring, 1) == [ring]
     for cfg, batch in ((reg, 8), ({**reg, "direct": False}, 1)):
         trials = bench.dependent_trials(cfg, batch)
-        assert [(t.get("dependent_launches"), t.get("block_ready"), t.get("inline_align")) for t in trials] == [
-            (None, None, None), (True, None, None), (["gate_up", "down"], None, None), (True, True, None),
-            (["gate_up", "down"], True, None), (True, None, True), (["gate_up", "down"], None, True)]
-    # no inline_align past 8 tokens (an expert's pairs may fill several blocks)
+        gu_down = ["gate_up", "down"]
+        assert [(t.get("dependent_launches"), t.get("block_ready"), t.get("inline_align"), t.get("combine_in_down"))
+                for t in trials] == [
+            (None, None, None, None), (True, None, None, None), (gu_down, None, None, None), (True, True, None, None),
+            (gu_down, True, None, None), (None, None, None, True), (gu_down, None, None, True),
+            (True, None, True, None), (gu_down, None, True, None), (None, None, True, True), (gu_down, None, True, True)]
+    # no inline_align past 8 tokens (an expert's pairs may fill several blocks); combine_in_down at any batch
     assert not any(t.get("inline_align") for t in bench.dependent_trials(reg, 32))
+    assert sum(bool(t.get("combine_in_down")) for t in bench.dependent_trials(reg, 32)) == 2
     # block_ready is not tried where the down GEMM runs through rings
     ring8 = {**reg, "down": {"num_warps": 1, "bulk": 2}}
     assert not any(t.get("block_ready") for t in bench.dependent_trials(ring8, 8))

@@ -202,15 +202,19 @@ def dependent_trials(cfg: dict, batch: int) -> list:
     down GEMM starting on each expert block as soon as the gate/up GEMM has
     finished it; README, "Twelfth round"). Up to 8 tokens in 8-token blocks,
     each dependent choice also without the alignment launch (inline_align;
-    README, "Twentieth round")."""
+    README, "Twentieth round"). The combine done by the down GEMM's last
+    programs (combine_in_down: no combine launch), with the GEMMs dependent
+    or not, and up to 8 tokens also with inline_align (two launches in all)."""
     if batch == 1 and cfg.get("direct", True):
         if cfg["down"].get("bulk"):
             return [cfg]
         return [cfg] + [{**cfg, "down": {**cfg["down"], "pdl": steps}} for steps in (0, 1)]
     deps = [{**cfg, "dependent_launches": dep} for dep in (True, ["gate_up", "down"])]
     trials = [cfg] + deps + [{**d, "block_ready": True} for d in deps if not d["down"].get("bulk")]
+    fused = [{**d, "combine_in_down": True} for d in (cfg, deps[1])]
+    trials += [f for f in fused if f not in trials]
     if batch <= 8 and cfg["gate_up"].get("NT", 1) == 1:
-        trials += [{**d, "inline_align": True} for d in deps]
+        trials += [{**d, "inline_align": True} for d in deps + fused]
     return trials
 
 

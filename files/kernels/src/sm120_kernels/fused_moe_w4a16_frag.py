@@ -666,6 +666,22 @@ def inline_align(cfg: dict, tokens: int, top_k: int, experts: int) -> bool:
             and tokens <= 8 and tokens * top_k <= 64 and experts <= 64)
 
 
+def combine_in_down(cfg: dict, ready: bool) -> bool:
+    """Whether the down GEMM does the combine itself, with no combine launch
+    (whole-config key "combine_in_down", several tokens): the last of each
+    row tile's programs sums the tokens' top-k rows of its columns. Not with
+    block_ready (ready): its down programs start before the gate/up GEMM,
+    which zeroes the counts, is done."""
+    return bool(cfg.get("combine_in_down")) and not ready
+
+
+def combine_tokens(tokens: int, num_warps: int, rt: int) -> int:
+    """combine_in_down: the tokens the last program combines at a time (a
+    power of two), about four of a slot's values per thread over its 16 rt
+    columns, at most the batch."""
+    return max(1, min(triton.next_power_of_2(tokens), 4 * 32 * num_warps // (16 * rt)))
+
+
 def dependent_down(cfg: dict, kg: int, device) -> bool:
     """Whether one token's down GEMM is a programmatic dependent launch: it
     prefetches through its rings (ring_prefetch), or config "pdl" (the
@@ -1427,12 +1443,40 @@ def _ring_k_loop(acc0, acc1, rb, cnt, t, wb0, wb1, sb0, sb1, xrow0, xrow1, valid
 
 
 @triton.jit
+def _combine_columns(buf_ptr, ids_ptr, y_ptr, num_tokens, top_k, num_local, rsf, stride_bm, stride_ym, col0,
+                     C: tl.constexpr, TB: tl.constexpr, KP: tl.constexpr, INTERP: tl.constexpr):
+    """The combine for columns col0 .. col0 + C of every token, TB tokens at a
+    time: y[t] = rsf * the fp32 rows buf[t * top_k + j] summed over the token's
+    local slots j in order, as bf16 (what _combine_kernel writes). A slot's
+    loads do not wait for another's (unrolled), and each thread holds a few
+    values (TB x C over the program's threads, combine_tokens), so the
+    program's registers stay the K loop's. The rows are other programs'
+    stores of this launch: read from L2 (.cg), never the read-only path."""
+    tb = tl.arange(0, TB)
+    c = col0 + tl.arange(0, C)
+    for t0 in range(0, num_tokens, TB):
+        tok = t0 + tb
+        acc = tl.zeros((TB, C), tl.float32)
+        for j in tl.static_range(KP):
+            pair = tok * top_k + j
+            eid = tl.load(ids_ptr + pair, mask=(tok < num_tokens) & (j < top_k), other=-1)
+            # slots routed to other ranks (-1 or out of range) contribute nothing
+            local = (eid >= 0) & (eid < num_local)
+            acc += tl.load(buf_ptr + pair.to(tl.int64)[:, None] * stride_bm + c[None, :], mask=local[:, None],
+                           other=0.0, cache_modifier=".cg")
+        # the routed scaling factor is applied here, exactly once
+        tl.store(y_ptr + tok.to(tl.int64)[:, None] * stride_ym + c[None, :], _to_bf16(acc * rsf, INTERP),
+                 mask=(tok < num_tokens)[:, None])
+
+
+@triton.jit
 def _moe_frag_kernel(
     x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, ready_ptr,
     num_valid, top_k, KG,
     stride_xm, stride_we, stride_wt, stride_se, stride_sn, stride_om,
     up_tiles, g_mult, swiglu_limit, rsf, num_experts, ready_target,
+    cnt_ptr, n_cnt, topk_ptr, y_ptr, stride_ym, num_tokens,
     FMT: tl.constexpr, GATED: tl.constexpr, X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr,
     NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
     EVEN_K: tl.constexpr, INTERP: tl.constexpr, DIRECT: tl.constexpr = False, KP: tl.constexpr = 1,
@@ -1440,6 +1484,7 @@ def _moe_frag_kernel(
     LAUNCH_DEPENDENTS: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False,
     L2_STEPS: tl.constexpr = 0, SIGNAL_READY: tl.constexpr = False, WAIT_READY: tl.constexpr = False,
     ONE_CLAMP: tl.constexpr = False, XCHG: tl.constexpr = "", INLINE: tl.constexpr = False,
+    ZERO_COUNTS: tl.constexpr = False, COMBINE: tl.constexpr = False, TB: tl.constexpr = 1,
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -1483,7 +1528,17 @@ def _moe_frag_kernel(
     launch; expert_ids_ptr is the flat top-k ids, and each program works out
     the blocks from them (_inline_scan, _inline_members, _nth_set): block mb
     is the mb-th live expert, its slots that expert's pairs in order, as
-    moe_align's."""
+    moe_align's.
+
+    COMBINE (combine_in_down; the down GEMM, several tokens, not with
+    WAIT_READY): no combine launch. Each program, once its blocks' rows are
+    stored, counts itself at cnt_ptr[pid0] (acq_rel); the last of the row
+    tile's programs sums every token's top-k rows of those columns (topk_ptr:
+    the flat top-k ids, TB tokens at a time) times rsf into the bf16 y_ptr,
+    as the combine launch does. ZERO_COUNTS (the gate/up GEMM before it):
+    program (0, 0) zeroes those n_cnt counts; the down GEMM reads none of
+    them before the whole gate/up launch is done (stream order, or its
+    dependent wait)."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
     EXCHANGE: tl.constexpr = XCHG != ""  # the host sets XCHG only for NT 1, not DIRECT
@@ -1532,6 +1587,10 @@ def _moe_frag_kernel(
     rb = t * 0
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()
+    if ZERO_COUNTS:  # combine_in_down's counts, zeroed after this launch's wait (never under a prior kernel)
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            for z in range(0, n_cnt, 32 * NW):
+                tl.store(cnt_ptr + z + t, 0, mask=z + t < n_cnt)
     if BULK > 0:
         rb = tl.inline_asm_elementwise(asm=RING, constraints="=r,r", args=[t], dtype=tl.int32, is_pure=True, pack=1)
         for sl in tl.static_range(BULK):
@@ -1716,6 +1775,14 @@ def _moe_frag_kernel(
             if SIGNAL_READY:  # every thread's stores of this block, then one count
                 tl.debug_barrier()
                 _ready_signal(ready_ptr + mb + t * 0, t == 0)
+    if COMBINE:
+        # every thread's stores, then one count (acq_rel: releases this program's
+        # rows; the last one acquires every other program's)
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+        if done == tl.num_programs(1) - 1:
+            _combine_columns(out_ptr, topk_ptr, y_ptr, num_tokens, top_k, num_experts, rsf, stride_om, stride_ym,
+                             tile0 * 16, 16 * RT, TB, KP, INTERP)
     if DIRECT and not GATED:
         # the token's output row, the routed scaling factor applied here once
         # (slots routed elsewhere leave zeros)
@@ -1750,7 +1817,7 @@ def direct_split(top_k: int, tiles: int, sms: int, cfg: dict) -> int:
 
 def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
                rsf=1.0, direct=False, launch_dependents=False, wait_prior=False, scale_shift=0, ready=None,
-               inline=False):
+               inline=False, counts=None, combine_into=None):
     """One GEMM launch. align: moe_align's (sorted ids, expert ids, count);
     direct: one token, align = (its top-k ids,) * 3 (see the kernel's DIRECT).
     launch_dependents: let the next launch start now (one token's gate/up
@@ -1759,7 +1826,10 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     block_ready's counts (moe_align's fourth output): the gate/up GEMM counts
     its finished row tiles per block there, the down GEMM (wait_prior) waits
     for each block's. inline: align = (the flat top-k ids,) * 3, and the
-    kernel works out the blocks (inline_align)."""
+    kernel works out the blocks (inline_align). counts: combine_in_down's
+    int32 count per down row tile; the gate/up GEMM zeroes them, the down GEMM
+    with combine_into = (flat top-k ids, bf16 output [T, H], T) counts its
+    programs there, and the last per row tile writes that tile's output."""
     sorted_ids, expert_ids = align[0], align[1]
     E, RT, KG = Wf.shape[:3]
     assert cfg.get("kernel") == "frag", f"packed weights need a fragment-kernel config, not {cfg}"
@@ -1794,19 +1864,27 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     wait_ready = ready is not None and not gated
     assert not inline or (nt == 1 and not direct and ready is None), "inline_align: 8-token blocks, no block_ready"
     assert not wait_ready or (wait_prior and not bulk), "block_ready: a dependent down GEMM on the register path"
+    fuse = combine_into is not None
+    assert not fuse or (counts is not None and not gated and not direct and not wait_ready
+                        and counts.numel() == tiles and combine_into[1].stride(1) == 1), "combine_in_down"
+    zero = counts is not None and gated
+    cnt = counts if counts is not None else align[2]
+    ids, y, n_tok = combine_into if fuse else (align[2], out, 0)
     _moe_frag_kernel[grid](
         x, Wf, s, g, out, tw, sorted_ids, expert_ids, align[2], align[2] if ready is None else ready,
         num_valid, top_k, KG,
         x.stride(0) // 2, Wf.stride(0), Wf.stride(1), s.stride(0), s.stride(1), out.stride(0),
         (RT // 2) if gated else 0, (128.0 if (fmt == "nvfp4" and not _interpreting()) else 1.0) * 2.0**scale_shift,
         float(swiglu_limit or 0.0), float(rsf), E, x.shape[1] // 16 if wait_ready else 0,
+        cnt, cnt.numel() if zero else 0, ids, y, y.stride(0), n_tok,
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
         NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=depth, EVEN_K=KG % (nw * depth) == 0,
-        INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
+        INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct or fuse else 1,
         SCALES_AHEAD=scales_ahead, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=launch_dependents, PREFETCH=prefetch,
         WAIT_PRIOR=wait_prior, L2_STEPS=int(cfg.get("pdl") or 0) if wait_prior and direct else 0,
         SIGNAL_READY=ready is not None and gated, WAIT_READY=wait_ready,
         ONE_CLAMP=bool(cfg.get("one_clamp")), INLINE=inline,
+        ZERO_COUNTS=zero, COMBINE=fuse, TB=combine_tokens(n_tok, nw, rt) if fuse else 1,
         XCHG=_exchange_asm(nw, 8 if gated or rt == 2 else 4) if cfg.get("exchange") and nt == 1 and not direct else "",
         num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch or wait_prior else {}),
         **register_cap(cfg),
@@ -1863,12 +1941,21 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
         align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep, ready=by_block)
         ready = align[3] if by_block else None
         rows = align[0].shape[0]
+    # combine_in_down: one count per down row tile, zeroed by the gate/up GEMM
+    fuse = combine_in_down(cfg, ready is not None)
+    counts = torch.empty(H // 16 // cfg["down"].get("RT", 1), dtype=torch.int32, device=x.device) if fuse else None
     inter = torch.empty((rows, I), dtype=torch.bfloat16, device=x.device)
     _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, align, k, I, weights.fmt,
                cfg["gate_up"], True, False, swiglu_limit, num_valid, launch_dependents="down" in dep,
-               wait_prior="gate_up" in dep, scale_shift=weights.shift13, ready=ready, inline=inline)
+               wait_prior="gate_up" in dep, scale_shift=weights.shift13, ready=ready, inline=inline, counts=counts)
     buf = torch.empty((num_valid, H), dtype=torch.float32, device=x.device)
+    if fuse and out is None:
+        out = torch.empty((T, H), dtype=torch.bfloat16, device=x.device)
     _frag_gemm(inter, weights.w2, weights.s2, weights.g2, buf, topk_weights, align, k, H, weights.fmt,
-               cfg["down"], False, True, None, num_valid, launch_dependents="combine" in dep,
-               wait_prior="down" in dep, scale_shift=weights.shift2, ready=ready, inline=inline)
+               cfg["down"], False, True, None, num_valid, rsf=routed_scaling_factor,
+               launch_dependents="combine" in dep and not fuse, wait_prior="down" in dep,
+               scale_shift=weights.shift2, ready=ready, inline=inline, counts=counts,
+               combine_into=(topk_ids.view(-1), out, T) if fuse else None)
+    if fuse:
+        return out
     return combine(buf, topk_ids, E, routed_scaling_factor, out, wait_prior="combine" in dep)

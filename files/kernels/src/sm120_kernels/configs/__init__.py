@@ -40,7 +40,10 @@ starts on each expert block once the gate/up GEMM has written all of it.
 inline_align (true or false): up to 8 tokens in 8-token blocks, with at most
 64 top-k pairs and 64 local experts, no alignment launch: each GEMM program
 works out its expert blocks from the top-k ids (warp votes); elsewhere, and
-with block_ready, the alignment launch runs as usual.
+with block_ready, the alignment launch runs as usual. combine_in_down (true or
+false; several tokens): no combine launch: the last of each down row tile's
+programs (a gpu-scope count the gate/up GEMM zeroes) sums the tokens' top-k
+rows of its columns; with block_ready the combine launch runs as usual.
 """
 
 from __future__ import annotations
@@ -93,8 +96,9 @@ def validate(name: str, data: dict) -> dict:
                                  f"{list(DEPENDENT_LAUNCHES)}, not {dep!r}")
             if bucket.get("block_ready") and not (dep is True or (isinstance(dep, list) and "down" in dep)):
                 raise ValueError(f"{name}: {fmt}: block_ready needs the down GEMM among dependent_launches")
-            if not isinstance(bucket.get("inline_align", False), bool):
-                raise ValueError(f"{name}: {fmt}: inline_align is true or false, not {bucket['inline_align']!r}")
+            for flag in ("inline_align", "combine_in_down"):
+                if not isinstance(bucket.get(flag, False), bool):
+                    raise ValueError(f"{name}: {fmt}: {flag} is true or false, not {bucket[flag]!r}")
             if bucket["gate_up"].get("NT") != bucket["down"].get("NT"):
                 raise ValueError(f"{name}: {fmt}: gate_up and down must share NT (one alignment)")
     return data
