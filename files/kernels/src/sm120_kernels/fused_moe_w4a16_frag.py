@@ -1443,30 +1443,47 @@ def _ring_k_loop(acc0, acc1, rb, cnt, t, wb0, wb1, sb0, sb1, xrow0, xrow1, valid
 
 
 @triton.jit
-def _combine_columns(buf_ptr, ids_ptr, y_ptr, num_tokens, top_k, num_local, rsf, stride_bm, stride_ym, col0,
-                     C: tl.constexpr, TB: tl.constexpr, KP: tl.constexpr, INTERP: tl.constexpr):
+def _local_slots(ids_ptr, tok, num_tokens, top_k, num_local, KP: tl.constexpr):
+    """Per token of tok, the bit mask of its top-k slots routed to this rank's
+    experts (ids -1 or out of range are other ranks')."""
+    j = tl.arange(0, KP)
+    eid = tl.load(ids_ptr + tok[:, None] * top_k + j[None, :],
+                  mask=(tok[:, None] < num_tokens) & (j[None, :] < top_k), other=-1)
+    return tl.sum(tl.where((eid >= 0) & (eid < num_local), 1 << j[None, :], 0), axis=1)
+
+
+@triton.jit
+def _combine_round(buf_ptr, y_ptr, tok, slots, num_tokens, top_k, rsf, stride_bm, stride_ym, c,
+                    C: tl.constexpr, TB: tl.constexpr, KP: tl.constexpr, INTERP: tl.constexpr):
+    """y[tok, c] = rsf * the fp32 rows buf[tok * top_k + j, c] summed over the
+    slots j set in slots, in slot order, as bf16 (what _combine_kernel
+    writes). A slot's loads do not wait for another's (unrolled). The rows are
+    other programs' stores of this launch: read from L2 (.cg), never the
+    read-only path."""
+    acc = tl.zeros((TB, C), tl.float32)
+    for j in tl.static_range(KP):
+        local = ((slots >> j) & 1) != 0
+        acc += tl.load(buf_ptr + (tok * top_k + j).to(tl.int64)[:, None] * stride_bm + c[None, :],
+                       mask=local[:, None], other=0.0, cache_modifier=".cg")
+    # the routed scaling factor is applied here, exactly once
+    tl.store(y_ptr + tok.to(tl.int64)[:, None] * stride_ym + c[None, :], _to_bf16(acc * rsf, INTERP),
+             mask=(tok < num_tokens)[:, None])
+
+
+@triton.jit
+def _combine_columns(buf_ptr, ids_ptr, y_ptr, slots0, num_tokens, top_k, num_local, rsf, stride_bm, stride_ym,
+                     col0, C: tl.constexpr, TB: tl.constexpr, KP: tl.constexpr, INTERP: tl.constexpr):
     """The combine for columns col0 .. col0 + C of every token, TB tokens at a
-    time: y[t] = rsf * the fp32 rows buf[t * top_k + j] summed over the token's
-    local slots j in order, as bf16 (what _combine_kernel writes). A slot's
-    loads do not wait for another's (unrolled), and each thread holds a few
-    values (TB x C over the program's threads, combine_tokens), so the
-    program's registers stay the K loop's. The rows are other programs'
-    stores of this launch: read from L2 (.cg), never the read-only path."""
+    time (combine_tokens: a few values per thread, so the program's registers
+    stay the K loop's); slots0: the first TB tokens' local slots, loaded
+    before (_local_slots)."""
     tb = tl.arange(0, TB)
     c = col0 + tl.arange(0, C)
-    for t0 in range(0, num_tokens, TB):
-        tok = t0 + tb
-        acc = tl.zeros((TB, C), tl.float32)
-        for j in tl.static_range(KP):
-            pair = tok * top_k + j
-            eid = tl.load(ids_ptr + pair, mask=(tok < num_tokens) & (j < top_k), other=-1)
-            # slots routed to other ranks (-1 or out of range) contribute nothing
-            local = (eid >= 0) & (eid < num_local)
-            acc += tl.load(buf_ptr + pair.to(tl.int64)[:, None] * stride_bm + c[None, :], mask=local[:, None],
-                           other=0.0, cache_modifier=".cg")
-        # the routed scaling factor is applied here, exactly once
-        tl.store(y_ptr + tok.to(tl.int64)[:, None] * stride_ym + c[None, :], _to_bf16(acc * rsf, INTERP),
-                 mask=(tok < num_tokens)[:, None])
+    _combine_round(buf_ptr, y_ptr, tb, slots0, num_tokens, top_k, rsf, stride_bm, stride_ym, c, C, TB, KP, INTERP)
+    for t0 in range(TB, num_tokens, TB):
+        slots = _local_slots(ids_ptr, t0 + tb, num_tokens, top_k, num_local, KP)
+        _combine_round(buf_ptr, y_ptr, t0 + tb, slots, num_tokens, top_k, rsf, stride_bm, stride_ym, c, C, TB, KP,
+                        INTERP)
 
 
 @triton.jit
@@ -1776,13 +1793,16 @@ def _moe_frag_kernel(
                 tl.debug_barrier()
                 _ready_signal(ready_ptr + mb + t * 0, t == 0)
     if COMBINE:
+        # the first tokens' local slots, should this program be the last (loaded
+        # beside the count's round trip, not after it)
+        slots0 = _local_slots(topk_ptr, tl.arange(0, TB), num_tokens, top_k, num_experts, KP)
         # every thread's stores, then one count (acq_rel: releases this program's
         # rows; the last one acquires every other program's)
         tl.debug_barrier()
         done = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
         if done == tl.num_programs(1) - 1:
-            _combine_columns(out_ptr, topk_ptr, y_ptr, num_tokens, top_k, num_experts, rsf, stride_om, stride_ym,
-                             tile0 * 16, 16 * RT, TB, KP, INTERP)
+            _combine_columns(out_ptr, topk_ptr, y_ptr, slots0, num_tokens, top_k, num_experts, rsf, stride_om,
+                             stride_ym, tile0 * 16, 16 * RT, TB, KP, INTERP)
     if DIRECT and not GATED:
         # the token's output row, the routed scaling factor applied here once
         # (slots routed elsewhere leave zeros)
