@@ -66,8 +66,7 @@ def combine_constexprs(fuse: bool, gated: bool, top_k: int, tokens: int = 8, num
     if gated:
         return dict(ZERO_COUNTS=True, COMBINE=False, TB=1)
     return dict(ZERO_COUNTS=False, COMBINE=True, TB=F.combine_tokens(tokens, num_warps, rt),
-                KP=triton.next_power_of_2(top_k),
-                LAUNCH_DEPENDENTS=False)  # no combine launch to start early
+                KP=triton.next_power_of_2(top_k))
 
 
 def _gemm_variants():

@@ -1961,7 +1961,9 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
         align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep, ready=by_block)
         ready = align[3] if by_block else None
         rows = align[0].shape[0]
-    # combine_in_down: one count per down row tile, zeroed by the gate/up GEMM
+    # combine_in_down: one count per down row tile, zeroed by the gate/up GEMM. With
+    # "combine" among the dependent launches the down GEMM still lets the launch after
+    # it start early (its wait keeps it off this call's outputs)
     fuse = combine_in_down(cfg, ready is not None)
     counts = torch.empty(H // 16 // cfg["down"].get("RT", 1), dtype=torch.int32, device=x.device) if fuse else None
     inter = torch.empty((rows, I), dtype=torch.bfloat16, device=x.device)
@@ -1973,7 +1975,7 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
         out = torch.empty((T, H), dtype=torch.bfloat16, device=x.device)
     _frag_gemm(inter, weights.w2, weights.s2, weights.g2, buf, topk_weights, align, k, H, weights.fmt,
                cfg["down"], False, True, None, num_valid, rsf=routed_scaling_factor,
-               launch_dependents="combine" in dep and not fuse, wait_prior="down" in dep,
+               launch_dependents="combine" in dep, wait_prior="down" in dep,
                scale_shift=weights.shift2, ready=ready, inline=inline, counts=counts,
                combine_into=(topk_ids.view(-1), out, T) if fuse else None)
     if fuse:
