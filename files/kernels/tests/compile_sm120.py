@@ -57,7 +57,7 @@ FRAG_SIG = {
 }
 
 
-def combine_constexprs(fuse: bool, gated: bool, top_k: int, tokens: int = 8, num_warps: int = 4, rt: int = 1) -> dict:
+def combine_constexprs(fuse: bool, gated: bool, top_k: int, tokens: int, num_warps: int, rt: int) -> dict:
     """combine_in_down's constexprs for one GEMM (all of them: a build names
     every parameter): the gate/up zeroes the counts, the down GEMM combines
     the bucket's tokens over the top-k slots."""
