@@ -150,7 +150,7 @@ def content_id(parts, length=12) -> str:
 def manifest_diff(old, new):
     """What changed between two release manifests, one line per difference."""
     lines = []
-    for key in ("sglang_version", "router_version", "python", "lock_sha256", "kernel_wheel", "model", "repo_revision"):
+    for key in ("sglang_version", "router_version", "python", "lock_sha256", "kernel_wheel", "model", "repo_version", "repo_revision"):
         if old.get(key) != new.get(key):
             lines.append(f"{key}: {_show(old.get(key))} -> {_show(new.get(key))}")
     old_eng, new_eng = old.get("engines") or {}, new.get("engines") or {}
