@@ -7,11 +7,13 @@ real ones (SSH, key, pipelining) and services on different hosts can use the sam
 
 Commands (all print progress to stderr and a JSON result to stdout):
   rootfs RELEASE                 build (or reuse) the cached root filesystem
-  up NAME --release R --address A [--bind SRC:DST ...]
-                                 copy the rootfs, boot it, wait for systemd and sshd
+  up NAME --release R --address A [--bind SRC:DST ...] [--seed SRC:DST ...]
+                                 copy the rootfs, boot it, wait for systemd and sshd;
+                                 a seed is a hardlinked copy of a controller directory
+                                 (a package cache: the host's venvs then hardlink from it)
   down NAME | --all              power off and remove; leaves no process, mount or directory
   up-inventory FILE              boot every host of an inventory that sets lab_release
-                                 (ansible_host is its address; lab_binds optional)
+                                 (ansible_host is its address; lab_binds, lab_seeds optional)
   status                         list the lab's hosts
   check-clean                    exit 1 if any process, mount or directory of the lab remains
 
@@ -185,7 +187,7 @@ def wait_tcp(address: str, port: int, deadline: float) -> bool:
     return False
 
 
-def up(name: str, release: str, address: str, binds: list[str]) -> dict:
+def up(name: str, release: str, address: str, binds: list[str], seeds: list[str] = ()) -> dict:
     meta_path = host_dir(name) / "host.json"
     meta = read_json(meta_path)
     if meta and alive(meta.get("pid", -1)):
@@ -201,6 +203,13 @@ def up(name: str, release: str, address: str, binds: list[str]) -> dict:
     hdir.mkdir(parents=True, exist_ok=True)
     log(f"{name}: copying the {release} root filesystem")
     subprocess.run(["cp", "-a", "--reflink=auto", str(src), str(root)], check=True)
+    for seed in seeds:
+        host_path, _, container_path = seed.partition(":")
+        dest = root / container_path.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        log(f"{name}: seeding {container_path} from {host_path} (hardlinks)")
+        # Hardlinks inside the host's root: no data copied, and uv links venvs from it.
+        subprocess.run(["cp", "-al", str(REPO / host_path), str(dest)], check=True)
     (root / "etc/hostname").write_text(f"{name}\n")
     (root / "etc/hosts").write_text(f"127.0.0.1 localhost\n{address} {name}\n")
     (root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
@@ -376,7 +385,7 @@ def up_inventory(path: str) -> list[dict]:
             walk(child or {})
 
     walk(yaml.safe_load(Path(path).read_text())["all"])
-    return [up(name, hv["lab_release"], hv["ansible_host"], hv.get("lab_binds", []))
+    return [up(name, hv["lab_release"], hv["ansible_host"], hv.get("lab_binds", []), hv.get("lab_seeds", []))
             for name, hv in sorted(hosts.items()) if "lab_release" in hv]
 
 
@@ -390,6 +399,7 @@ def main() -> int:
     p.add_argument("--release", required=True, choices=sorted(RELEASES))
     p.add_argument("--address", required=True)
     p.add_argument("--bind", action="append", default=[])
+    p.add_argument("--seed", action="append", default=[])
     p = sub.add_parser("down")
     p.add_argument("name", nargs="?")
     p.add_argument("--all", action="store_true")
@@ -404,7 +414,7 @@ def main() -> int:
     if args.command == "rootfs":
         print(json.dumps({"rootfs": str(build_rootfs(args.release))}))
     elif args.command == "up":
-        print(json.dumps(up(args.name, args.release, args.address, args.bind)))
+        print(json.dumps(up(args.name, args.release, args.address, args.bind, args.seed)))
     elif args.command == "up-inventory":
         print(json.dumps(up_inventory(args.inventory)))
     elif args.command == "down":

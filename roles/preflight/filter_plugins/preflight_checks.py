@@ -8,6 +8,8 @@ act on it without reading the role.
 from __future__ import annotations
 
 import ipaddress
+import json
+import os
 import re
 
 ENGINE_MODES = ("prefill", "decode", "unified")
@@ -228,6 +230,445 @@ def disk_errors(mounts, path, needed_gb, host, var, needed_for="model weights an
     return []
 
 
+# ---------------------------------------------------------------------------------------
+# Inputs of the roles that run after preflight. Each of them fails its own play when an input
+# is missing or wrong, but only after earlier plays (or earlier hosts of a serial play) have
+# changed hosts. These functions refuse the same inputs before any change.
+#
+# They read the host's variables under the roles' own names (inventory, group_vars, host_vars,
+# extra vars: hostvars[inventory_hostname]). Where a decision needs a role's default, it is
+# here; tests/unit/test_preflight_later_roles.py keeps ROLE_DEFAULTS equal to the roles'
+# defaults/main.yml. A variable whose role default is a template (a URL built from a version)
+# is only checked when the inventory sets it: the default is valid by construction.
+
+ROLE_DEFAULTS = {
+    "grafana_install_package": True,
+    "grafana_deb_path": "",
+    "prometheus_install_method": "package",
+    "prometheus_package_versions": {"Debian-12": "2.42.0+ds-5+deb12u1", "Debian-13": "2.53.3+ds1-2"},
+    "prometheus_alert_ttft_p99_seconds": 5,
+    "prometheus_alert_queue_backlog_requests": 32,
+    "prometheus_alert_gpu_temperature_celsius": 87,
+    "prometheus_alert_model_disk_free_ratio": 0.1,
+    "node_exporter_package": "prometheus-node-exporter",
+    "node_exporter_package_versions": {"Debian-12": "1.5.0-1+b6", "Debian-13": "1.9.0-1+b4"},
+    "gpu_exporter_enabled": True,
+    "gpu_exporter_kind": "auto",
+    "gpu_exporter_dcgm_manage_repo": False,
+    "nvidia_driver_branch": "580",
+    "nvidia_driver_version": "",
+    "nvidia_driver_packages": ["nvidia-kernel-open-dkms", "nvidia-driver-cuda", "nvidia-persistenced"],
+    "nvidia_driver_power_limits": {},
+    "cuda_toolkit_version": "13.0",
+    "sglang_release_sglang_version": "0.5.23",
+    "sglang_release_router_version": "0.3.2",
+    "sglang_release_stage_model": True,
+    "sglang_release_wheelhouse": "",
+    "sglang_router_mode": "auto",
+}
+GPU_EXPORTER_KINDS = ("auto", "dcgm", "nvidia_smi", "none")
+PROMETHEUS_INSTALL_METHODS = ("package", "tarball")
+ROUTER_MODES = ("auto", "pd", "plain")
+GRAFANA_PASSWORD_MIN = 12
+DOWNLOAD_URL = re.compile(r"(https?|ftp|file)://\S+")
+APT_URL = re.compile(r"(https?|file)://\S+")
+KEY_URL = re.compile(r"(https?|file)://")
+SHA256_PIN = re.compile(r"sha256:[0-9a-f]{64}")
+SHA256_PIN_OR_LIST = re.compile(r"sha256:([0-9a-f]{64}|(https?|ftp|file)://\S+)")
+
+
+def _get(variables, name):
+    """The host's value of a later role's variable, or that role's default."""
+    if variables is not None and name in variables:
+        return variables[name]
+    return ROLE_DEFAULTS[name]
+
+
+def _set(variables, name):
+    """The host's value when the inventory sets it, else None (the role's default applies)."""
+    if variables is not None and name in variables:
+        return variables[name]
+    return None
+
+
+def _bool(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "on", "1", "y")
+    return bool(value)
+
+
+def _number(value):
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def controller_file(path, search_dirs=()) -> bool:
+    """Whether a controller path names a file: as given, or below one of search_dirs (where
+    a role's file lookup also looks for a relative path)."""
+    path = str(path).strip()
+    if not path:
+        return False
+    if os.path.isabs(path):
+        return os.path.isfile(path)
+    return any(os.path.isfile(os.path.join(str(d), path)) for d in (".", *search_dirs))
+
+
+def _repo_key_errors(host, var, key, search_dirs, role):
+    key = str(key).strip()
+    if KEY_URL.match(key) or controller_file(key, search_dirs):
+        return []
+    return [_err(host, var, f"{key!r} is neither an http(s)/file URL nor a file on the controller; "
+                 f"the {role} role reads a key path on the controller after it has changed the host.",
+                 "set the URL of the repository's signing key, or the path of a copy of it on the controller.")]
+
+
+def grafana_errors(variables, host, search_dirs=()):
+    """grafana (monitoring hosts): the admin password, and a local package to install."""
+    errors = []
+    password = _set(variables, "grafana_admin_password")
+    fix = ("put it in an ansible-vault encrypted file (ansible-vault create "
+           "group_vars/monitoring_hosts/vault.yml) and run with --ask-vault-pass.")
+    if password is None or not str(password):
+        errors.append(_err(host, "grafana_admin_password", "is not set; Grafana is configured on this host "
+                           "(monitoring_hosts) and the grafana role refuses to run without it.", fix))
+    elif len(str(password)) < GRAFANA_PASSWORD_MIN:
+        errors.append(_err(host, "grafana_admin_password", f"is shorter than {GRAFANA_PASSWORD_MIN} "
+                           "characters; the grafana role refuses it.", fix))
+    deb = str(_get(variables, "grafana_deb_path") or "")
+    if deb:
+        if not re.fullmatch(r"/.*\.deb", deb):
+            errors.append(_err(host, "grafana_deb_path", f"{deb!r} is not an absolute path to a .deb.",
+                               "set the path of the Grafana .deb on the controller, or leave it empty."))
+        elif _bool(_get(variables, "grafana_install_package")) and not controller_file(deb, search_dirs):
+            errors.append(_err(host, "grafana_deb_path", f"{deb} is not a file on the controller; the grafana "
+                               "role copies it from there to install Grafana.",
+                               "put the Grafana .deb there or correct the path, or leave it empty to "
+                               "install from Grafana's apt repository."))
+    return errors
+
+
+def _release_key(distribution, major) -> str:
+    return f"{distribution}-{major}"
+
+
+def prometheus_errors(variables, host, distribution, major):
+    """prometheus (monitoring hosts): install method, pinned package or verified archive,
+    alert thresholds."""
+    errors = []
+    method = _get(variables, "prometheus_install_method")
+    if method not in PROMETHEUS_INSTALL_METHODS:
+        errors.append(_err(host, "prometheus_install_method", f"{method!r} is not an install method.",
+                           "use package or tarball."))
+    elif method == "package":
+        key = _release_key(distribution, major)
+        versions = _get(variables, "prometheus_package_versions")
+        if not isinstance(versions, dict) or not str(versions.get(key) or ""):
+            errors.append(_err(host, "prometheus_package_versions", f"no pinned version of prometheus for "
+                               f"{key}, this host's release.",
+                               f'add "{key}: <version>" (apt-cache policy prometheus), or set '
+                               "prometheus_install_method: tarball."))
+    else:
+        checksum = _set(variables, "prometheus_tarball_checksum")
+        if checksum is not None:
+            text = str(checksum).strip()
+            if not text:
+                errors.append(_err(host, "prometheus_tarball_checksum", "is empty; the release archive would "
+                                   "be installed unverified.",
+                                   "set sha256:<64 hex digits>, or sha256:<URL of the release's sha256sums.txt>."))
+            elif not SHA256_PIN_OR_LIST.fullmatch(text):
+                errors.append(_err(host, "prometheus_tarball_checksum", f"{text!r} is not sha256:<64 hex digits> "
+                                   "or sha256:<URL of a sha256sums file>; the download would fail after the "
+                                   "host has changed.",
+                                   "copy the archive's SHA-256 from the release's sha256sums.txt, or point to that file."))
+        url = _set(variables, "prometheus_tarball_url")
+        if url is not None and not DOWNLOAD_URL.fullmatch(str(url).strip()):
+            errors.append(_err(host, "prometheus_tarball_url", f"{str(url).strip()!r} is not a URL.",
+                               "set the http(s) URL of the release archive (or of a mirror)."))
+    thresholds = (
+        ("prometheus_alert_ttft_p99_seconds", lambda v: v > 0, "a number of seconds above 0"),
+        ("prometheus_alert_queue_backlog_requests", lambda v: v >= 0 and v == int(v), "a whole number, 0 or more"),
+        ("prometheus_alert_gpu_temperature_celsius", lambda v: v > 0, "a temperature above 0"),
+        ("prometheus_alert_model_disk_free_ratio", lambda v: 0 < v < 1, "a ratio between 0 and 1"),
+    )
+    for name, good, wanted in thresholds:
+        value = _get(variables, name)
+        number = _number(value)
+        if number is None or not good(number):
+            errors.append(_err(host, name, f"{value!r} is not {wanted}.", "correct the threshold in your inventory."))
+    root = _set(variables, "prometheus_model_root")
+    root = _set(variables, "sglang_model_root") if root is None else root
+    if root is not None and not str(root).startswith("/"):
+        errors.append(_err(host, "prometheus_model_root", f"{root!r} is not an absolute path; the model-disk "
+                           "alert watches the filesystem that holds it.",
+                           "set sglang_model_root (or prometheus_model_root) to an absolute path."))
+    return errors
+
+
+def node_exporter_errors(variables, host, distribution, major):
+    """node_exporter (every host): a pinned package version for the host's release."""
+    key = _release_key(distribution, major)
+    package = _get(variables, "node_exporter_package")
+    versions = _get(variables, "node_exporter_package_versions")
+    if isinstance(versions, dict) and str(versions.get(key) or ""):
+        return []
+    return [_err(host, "node_exporter_package_versions", f"no pinned version of {package} for {key}, "
+                 "this host's release; node_exporter runs on every host.",
+                 f'add "{key}: <version>" (apt-cache policy {package}).')]
+
+
+def gpu_exporter_errors(variables, host, dcgm_installed=False, search_dirs=()):
+    """gpu_exporter (engine hosts): the exporter kind and what that kind downloads."""
+    if not _bool(_get(variables, "gpu_exporter_enabled")):
+        return []
+    kind = _get(variables, "gpu_exporter_kind")
+    if kind not in GPU_EXPORTER_KINDS:
+        return [_err(host, "gpu_exporter_kind", f"{kind!r} is not an exporter kind.",
+                     "use auto, dcgm, nvidia_smi or none.")]
+    errors = []
+    selected = kind if kind != "auto" else ("dcgm" if dcgm_installed else "nvidia_smi")
+    if kind in ("auto", "nvidia_smi"):
+        checksum = _set(variables, "gpu_exporter_nvidia_smi_checksum")
+        if checksum is not None and not SHA256_PIN.fullmatch(str(checksum)):
+            errors.append(_err(host, "gpu_exporter_nvidia_smi_checksum", f"{str(checksum)!r} is not "
+                               "sha256:<64 hex digits>.",
+                               "set the archive's SHA-256 from the release's checksums file."))
+    if selected == "nvidia_smi":
+        url = _set(variables, "gpu_exporter_nvidia_smi_url")
+        if url is not None and not DOWNLOAD_URL.fullmatch(str(url).strip()):
+            errors.append(_err(host, "gpu_exporter_nvidia_smi_url", f"{str(url).strip()!r} is not a URL.",
+                               "set the http(s) URL of the nvidia_gpu_exporter release archive (or of a mirror)."))
+    if selected == "dcgm" and _bool(_get(variables, "gpu_exporter_dcgm_manage_repo")):
+        for var in ("gpu_exporter_dcgm_repo_url", "nvidia_driver_repo_url"):
+            url = _set(variables, var)
+            if url is not None:
+                if not APT_URL.fullmatch(str(url).strip()):
+                    errors.append(_err(host, var, f"{str(url).strip()!r} is not an http, https or file URL.",
+                                       "set the base URL of NVIDIA's CUDA repositories or of a mirror."))
+                break
+        for var in ("gpu_exporter_dcgm_repo_key", "nvidia_driver_repo_key"):
+            key = _set(variables, var)
+            if key is not None:
+                errors += _repo_key_errors(host, var, key, search_dirs, "gpu_exporter")
+                break
+    return errors
+
+
+def gpu_host_errors(variables, host, search_dirs=()):
+    """nvidia_driver and cuda_toolkit (nvidia_gpu_hosts, one host at a time): branch, version,
+    packages, repository, power limits, CUDA release."""
+    errors = []
+    branch = str(_get(variables, "nvidia_driver_branch"))
+    version = _get(variables, "nvidia_driver_version")
+    version = "" if version is None else str(version)
+    if not re.fullmatch(r"[0-9]{3}", branch):
+        errors.append(_err(host, "nvidia_driver_branch", f"{branch!r} is not a driver branch.",
+                           'set the branch number, e.g. "580" (the floor for CUDA 13).'))
+    if not re.fullmatch(r"([0-9]+(\.[0-9]+){1,2})?", version):
+        errors.append(_err(host, "nvidia_driver_version", f"{version!r} is not an exact driver version.",
+                           "set it like 580.95.05, or leave it empty for the branch's newest."))
+    elif version and version.split(".")[0] != branch:
+        errors.append(_err(host, "nvidia_driver_version", f"{version} is not on branch {branch} "
+                           "(nvidia_driver_branch).", "set both to the same branch."))
+    packages = _get(variables, "nvidia_driver_packages")
+    packages = [str(p) for p in packages] if isinstance(packages, list) else []
+    for package in packages:
+        if re.match(r"(nvidia-kernel-dkms|cuda-drivers)", package):
+            errors.append(_err(host, "nvidia_driver_packages", f"{package} is the proprietary kernel module "
+                               "flavour, which does not drive Blackwell GPUs.",
+                               "use nvidia-kernel-open-dkms (or nvidia-open)."))
+    if not any(re.fullmatch(r"nvidia-(kernel-open-dkms|open)", p) for p in packages):
+        errors.append(_err(host, "nvidia_driver_packages", "names no open kernel module package.",
+                           "include nvidia-kernel-open-dkms (compute-only) or nvidia-open."))
+    url = _set(variables, "nvidia_driver_repo_url")
+    if url is not None and not APT_URL.fullmatch(str(url).strip()):
+        errors.append(_err(host, "nvidia_driver_repo_url", f"{str(url).strip()!r} is not an http, https or file "
+                           "URL; apt could not read the repository the role writes.",
+                           "set the base URL of NVIDIA's CUDA repositories "
+                           "(https://developer.download.nvidia.com/compute/cuda/repos) or of a mirror."))
+    key = _set(variables, "nvidia_driver_repo_key")
+    if key is not None:
+        errors += _repo_key_errors(host, "nvidia_driver_repo_key", key, search_dirs, "nvidia_driver")
+    errors += _power_limit_errors(variables, host)
+    cuda = _set(variables, "cuda_toolkit_version")
+    if cuda is not None and not re.fullmatch(r"1[3-9]\.[0-9]+", str(cuda)):
+        errors.append(_err(host, "cuda_toolkit_version", f"{str(cuda)!r} is not a CUDA 13.x (or newer) "
+                           "major.minor release; cuda_toolkit refuses it after the driver is installed.",
+                           'set it like "13.0"; sm_120 and SGLang\'s CUDA 13 wheels need 13.x.'))
+    return errors
+
+
+def _power_limit_errors(variables, host):
+    limits = _get(variables, "nvidia_driver_power_limits")
+    if limits in (None, ""):
+        return []
+    if not isinstance(limits, dict):
+        return [_err(host, "nvidia_driver_power_limits", f"{limits!r} is not a mapping.",
+                     "write it as {all: 450} or {0: 450, 1: 500} (GPU index: watts), or {} to leave the limits alone.")]
+    count = _set(variables, "nvidia_driver_gpu_count")
+    count = _set(variables, "sglang_gpu_count") if count is None else count
+    count = int(_number(count) or 8)
+    errors = []
+    for key, watts in limits.items():
+        label = f"nvidia_driver_power_limits[{key}]"
+        if str(key) != "all":
+            index = int(key) if isinstance(key, int) and not isinstance(key, bool) else (
+                int(str(key)) if str(key).isdigit() else None)
+            if index is None:
+                errors.append(_err(host, "nvidia_driver_power_limits", f"{key!r} is neither a GPU index nor all.",
+                                   "key the limits by GPU index (0, 1, ...) or use all."))
+                continue
+            if index >= count:
+                errors.append(_err(host, "nvidia_driver_power_limits", f"GPU {index} does not exist; the host has "
+                                   f"{count} GPUs (0-{count - 1}, nvidia_driver_gpu_count).",
+                                   "use GPU indices below nvidia_driver_gpu_count, or all."))
+                continue
+        if watts in (None, ""):
+            continue
+        number = _number(watts)
+        if number is None or number <= 0:
+            errors.append(_err(host, label, f"{watts!r} is not a power limit in watts.",
+                               "set a number of watts (e.g. 450), or remove the entry."))
+    return errors
+
+
+def _speculative(args):
+    return {str(k).replace("_", "-"): v for k, v in (args or {}).items()
+            if str(k).replace("_", "-").startswith("speculative-")} if isinstance(args, dict) else {}
+
+
+def speculative_errors(hostvars, engine_hosts, recipe, model):
+    """Speculative-decoding arguments must be identical on every prefill and decode engine
+    (sglang_release checks the rendered arguments, after earlier plays changed hosts)."""
+    if not isinstance(recipe, dict):
+        return []
+    recipe_var = f"sglang_model_recipes[{model!r}]"
+    mode_args = recipe.get("mode_args") if isinstance(recipe.get("mode_args"), dict) else {}
+    entries = []
+    for host in sorted(engine_hosts):
+        hv = hostvars[host]
+        engines = hv.get("sglang_engines") or []
+        host_args = hv.get("sglang_release_engine_args") or {}
+        for index, engine in enumerate(engines if isinstance(engines, list) else []):
+            if not isinstance(engine, dict) or engine.get("mode") not in ("prefill", "decode"):
+                continue
+            mode = engine["mode"]
+            spec, source = {}, {}
+            for layer, var in ((recipe.get("args"), f"{recipe_var}.args"),
+                               (mode_args.get(mode), f"{recipe_var}.mode_args.{mode}"),
+                               (host_args, "sglang_release_engine_args"),
+                               (engine.get("args"), f"{_engine_label(engine, index)}.args")):
+                for key, value in _speculative(layer).items():
+                    spec[key], source[key] = value, var
+            entries.append((host, engine.get("name"), mode, spec, source))
+    if not entries:
+        return []
+    errors = []
+    ref_host, ref_name, ref_mode, ref_spec, ref_source = entries[0]
+    for host, name, mode, spec, source in entries[1:]:
+        for key in sorted(set(spec) | set(ref_spec)):
+            if spec.get(key) == ref_spec.get(key):
+                continue
+            blame_host, var = (host, source[key]) if key in spec else (ref_host, ref_source[key])
+            message = _err(blame_host, var,
+                           f"--{key} is {_show(spec.get(key))} on engine {name} ({mode}, {host}) but "
+                           f"{_show(ref_spec.get(key))} on engine {ref_name} ({ref_mode}, {ref_host}); "
+                           "speculative-decoding arguments must be identical on every prefill and decode engine.",
+                           f"set them once in the recipe's args ({recipe_var}.args), not per engine, per mode "
+                           "or per host.")
+            if message not in errors:
+                errors.append(message)
+    return errors
+
+
+def _show(value) -> str:
+    return "unset" if value is None else repr(value)
+
+
+def router_mode_errors(variables, host, hostvars, engine_hosts):
+    """sglang_router (router hosts): an explicit router mode must fit the engines' modes."""
+    mode = _get(variables, "sglang_router_mode")
+    if mode not in ROUTER_MODES:
+        return [_err(host, "sglang_router_mode", f"{mode!r} is not a router mode.", "use auto, pd or plain.")]
+    modes = set()
+    for engine_host in engine_hosts:
+        for engine in hostvars[engine_host].get("sglang_engines") or []:
+            if isinstance(engine, dict):
+                modes.add(engine.get("mode"))
+    if mode == "pd" and "unified" in modes and not {"prefill", "decode"} & modes:
+        return [_err(host, "sglang_router_mode", "is pd, but the engines are unified (co-located); the router "
+                     "would find no prefill or decode engine to route to.",
+                     "set it to auto (or plain), or run prefill and decode engines.")]
+    if mode == "plain" and {"prefill", "decode"} & modes:
+        return [_err(host, "sglang_router_mode", "is plain, but the engines are prefill and decode engines; the "
+                     "router would send whole requests to them as if they were co-located.",
+                     "set it to auto (or pd).")]
+    return []
+
+
+def lock_errors(variables, host, lock_file):
+    """sglang_release (engine and router hosts): the lock pins the SGLang and router versions
+    the release expects."""
+    lock_file = str(_set(variables, "sglang_release_lock_file") or lock_file)
+    try:
+        with open(lock_file, encoding="utf-8") as handle:
+            text = "\n" + handle.read()
+    except OSError as exc:
+        return [_err(host, "sglang_release_lock_file", f"{lock_file} cannot be read on the controller "
+                     f"({exc.strerror or exc}).", "point it at the hashed lock (files/sglang/requirements.lock).")]
+    errors = []
+    for var, package in (("sglang_release_sglang_version", "sglang"), ("sglang_release_router_version", "sglang-router")):
+        wanted = str(_get(variables, var))
+        if f"\n{package}=={wanted} " in text:
+            continue
+        pinned = re.search(rf"\n{re.escape(package)}==(\S+)", text)
+        errors.append(_err(host, var, f"{wanted}, but {os.path.basename(lock_file)} pins "
+                           f"{package + '==' + pinned.group(1) if pinned else 'no ' + package}; the release "
+                           "play would stop after earlier plays changed hosts.",
+                           f"set {var} to the version the lock pins, or recompile the lock."))
+    return errors
+
+
+def model_source_errors(variables, host, model, recipe, model_root, source_stats, marker=None):
+    """sglang_release (engine hosts): a recipe with a local/NFS path is staged from that
+    directory, verified with its checksum file, unless a verified copy of the same source is
+    already staged. source_stats: stat results of the path and of its checksum file; marker:
+    the staged copy's marker file (JSON text), or None."""
+    if not (isinstance(recipe, dict) and "path" in recipe and _bool(_get(variables, "sglang_release_stage_model"))):
+        return []
+    source = str(recipe["path"])
+    try:
+        if json.loads(marker or "null").get("source") == {"path": source}:
+            return []
+    except (ValueError, AttributeError):
+        pass
+    var = f"sglang_model_recipes[{model!r}].path"
+    directory, sums = (list(source_stats or []) + [{}, {}])[:2]
+    checksums = str(recipe.get("checksums") or "SHA256SUMS")
+    if not (directory or {}).get("isdir"):
+        return [_err(host, var, f"{source} is not a directory on this host; the release stages the weights "
+                     f"from it into {model_root}/{model}.",
+                     "mount the share or copy the weights there, or correct the path.")]
+    if not (sums or {}).get("exists"):
+        return [_err(host, var, f"{source}/{checksums} is missing; the staged weights could not be verified.",
+                     f"write it in the weights directory (sha256sum * > {checksums}), or name the "
+                     "checksum file in the recipe's checksums.")]
+    return []
+
+
+def wheelhouse_errors(variables, host, wheelhouse_stat):
+    """sglang_release (engine and router hosts): an offline wheelhouse must be a directory."""
+    wheelhouse = str(_get(variables, "sglang_release_wheelhouse") or "")
+    if not wheelhouse or (wheelhouse_stat or {}).get("isdir"):
+        return []
+    return [_err(host, "sglang_release_wheelhouse", f"{wheelhouse} is not a directory on this host; the "
+                 "release installs uv and the lock from it, offline.",
+                 "copy the wheels of the lock and of uv there, or leave it empty to install from PyPI.")]
+
+
 def valid_address(value):
     try:
         ipaddress.ip_address(value)
@@ -244,4 +685,14 @@ class FilterModule:
             "preflight_recipe_errors": recipe_errors,
             "preflight_version_errors": version_errors,
             "preflight_disk_errors": disk_errors,
+            "preflight_grafana_errors": grafana_errors,
+            "preflight_prometheus_errors": prometheus_errors,
+            "preflight_node_exporter_errors": node_exporter_errors,
+            "preflight_gpu_exporter_errors": gpu_exporter_errors,
+            "preflight_gpu_host_errors": gpu_host_errors,
+            "preflight_speculative_errors": speculative_errors,
+            "preflight_router_mode_errors": router_mode_errors,
+            "preflight_lock_errors": lock_errors,
+            "preflight_model_source_errors": model_source_errors,
+            "preflight_wheelhouse_errors": wheelhouse_errors,
         }
