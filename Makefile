@@ -149,17 +149,12 @@ test-roles: setup prometheus-bin
 molecule-role/%:
 	@$(call molecule_test,roles/$*,--all,roles/$*)
 
-# Scenarios kept out of `make test` (and so out of CI), each run alone with
-# `make test-scenario S=<name>`: multihost needs ~20 GB of disk and 13 minutes
-# (passed from fresh hosts on 2026-11-30), which CI does not have.
-PENDING_SCENARIOS := multihost
-
 test-scenario: setup
 	@$(ACTIVATE) && molecule test -s $(S)
 
-# Site scenarios (molecule/<name>) that `make test` runs: all but the lab itself and the
-# pending ones.
-SITE_RUN = $(filter-out lab $(PENDING_SCENARIOS),$(SITE_SCENARIOS))
+# Site scenarios (molecule/<name>) that `make test` runs, longest first: all but the lab.
+SITE_ORDER := site examples multihost
+SITE_RUN = $(filter $(SITE_SCENARIOS),$(SITE_ORDER)) $(filter-out lab $(SITE_ORDER),$(SITE_SCENARIOS))
 
 test-site: setup
 	@$(MAKE) --no-print-directory $(addprefix molecule-site/,$(SITE_RUN))
