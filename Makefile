@@ -39,7 +39,7 @@ molecule_test = start=$$(date +%s); printf '\n\033[1m==> molecule test %s in %s\
   || { echo "==> $(3) FAILED after $$(( $$(date +%s) - start )) s"; exit 1; }
 
 .PHONY: help setup apt venv sglang-venv rootfs lab lab-destroy lint test test-static \
-        test-unit test-kernels test-monitoring test-lab test-roles test-site test-scenario clean prometheus-bin
+        test-unit test-kernels test-monitoring test-recipes test-lab test-roles test-site test-scenario clean prometheus-bin
 
 help:
 	@echo "make lab          converge the local lab (gpu-node + monitor) with site.yml"
@@ -115,6 +115,10 @@ test-kernels: sglang-venv
 	$(call step,kernels on CPU: Triton interpreter; sm_120 cross-compile; SGLang plugin)
 	@bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python
 
+test-recipes: sglang-venv
+	$(call step,recipes: every shipped layout through SGLang's parser and resolution, against the models' config.json)
+	@$(SGLANG_VENV)/bin/python tests/recipes/check_recipes.py
+
 test-unit: venv
 	$(call step,unit tests of the roles' plugins and scripts)
 	@$(ACTIVATE) && python -m pytest -q tests/unit
@@ -175,7 +179,7 @@ molecule-site/%:
 MOLECULE_JOBS ?= 2
 test:
 	@$(MAKE) --no-print-directory -j6 --output-sync=target test-static test-unit test-kernels \
-	  test-monitoring test-lab
+	  test-monitoring test-recipes test-lab
 	@$(MAKE) --no-print-directory -j$(MOLECULE_JOBS) --output-sync=target \
 	  $(addprefix molecule-site/,$(SITE_RUN)) $(addprefix molecule-role/,$(ROLE_NAMES))
 	$(call step,all tests passed)

@@ -3,8 +3,9 @@
     venv/bin/python validate_release.py --device cpu|cuda [--plugin NAME] CONFIG.yaml ...
 
 * Every engine config goes through SGLang's own argument parser, `prepare_server_args(
-  ["--config", FILE])`, from the new venv: a misspelt flag or an invalid value fails here,
-  with the engine's name and the argument. On a host without a GPU, `--device cpu` is
+  ["--config", FILE])`, from the new venv, then through `ServerArgs.resolve_once()`, which
+  reads the model's config.json as `sglang serve` does: a misspelt flag, an invalid value
+  or an argument the model refuses fails here, with the engine's name and the reason. On a host without a GPU, `--device cpu` is
   appended for the check only (argument resolution otherwise looks for an accelerator).
 * The plugin (our sm120_kernels wheel) must be discovered by SGLang's plugin loader in
   the `sglang.srt.plugins` entry-point group.
@@ -21,28 +22,60 @@ import json
 import logging
 import re
 import sys
+from multiprocessing import get_context
 from pathlib import Path
 
 
-def parse_engine(config: str, device: str) -> dict:
+def _last_error(text: str, fallback: str) -> str:
+    found = re.findall(r"^sglang serve: error: (.*)$", text, re.M)
+    message = found[-1] if found else ([line for line in text.strip().splitlines() if line.strip()] or [fallback])[-1]
+    # Invalid choices list every choice: keep the message readable.
+    return re.sub(r"\(choose from ([^)]{160})[^)]*\)", r"(choose from \1...)", message)
+
+
+def _parse_and_resolve(config: str, device: str) -> dict:
     from sglang.srt.server_args import prepare_server_args
 
     argv = ["--config", config] + (["--device", device] if device == "cpu" else [])
-    err = io.StringIO()
+    out = io.StringIO()
+    step = "parse"
     try:
-        with contextlib.redirect_stderr(err):
+        with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out):
             sa = prepare_server_args(argv)
+            step = "resolve"
+            sa.resolve_once()
     except SystemExit:
-        text = err.getvalue()
-        found = re.findall(r"^sglang serve: error: (.*)$", text, re.M)
-        message = found[-1] if found else (text.strip().splitlines() or ["argument parser exited"])[-1]
-        # Invalid choices list every choice: keep the message readable.
-        message = re.sub(r"\(choose from ([^)]{160})[^)]*\)", r"(choose from \1...)", message)
-        return {"ok": False, "error": message}
+        return {"ok": False, "error": _last_error(out.getvalue(), f"argument {step} exited")}
     except Exception as exc:  # noqa: BLE001 - every failure is reported per engine
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": False, "error": f"{step}: {type(exc).__name__}: {exc}"}
     return {"ok": True, "tp_size": sa.tp_size, "port": sa.port,
             "disaggregation_mode": str(sa.disaggregation_mode)}
+
+
+def _child(conn, config: str, device: str) -> None:
+    try:
+        conn.send(_parse_and_resolve(config, device))
+    finally:
+        conn.close()
+
+
+def parse_engine(config: str, device: str) -> dict:
+    """One engine config through SGLang's parser, then its resolution, as `sglang serve`
+    does before loading weights: resolution reads the model's config.json and applies the
+    model's own checks. Each engine in a forked child, so none sees another's state."""
+    import sglang.srt.server_args  # noqa: F401 - imported once, before the fork
+
+    ctx = get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(sender, config, device))
+    proc.start()
+    sender.close()
+    try:
+        result = receiver.recv()
+    except EOFError:
+        result = {"ok": False, "error": "the validating process died"}
+    proc.join()
+    return result
 
 
 def check_plugin(name: str) -> dict:
