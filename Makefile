@@ -157,7 +157,7 @@ test-scenario: setup
 	@$(ACTIVATE) && molecule test -s $(S)
 
 # Site scenarios (molecule/<name>) that `make test` runs, longest first: all but the lab.
-SITE_ORDER := site examples multihost
+SITE_ORDER := examples site
 SITE_RUN = $(filter $(SITE_SCENARIOS),$(SITE_ORDER)) $(filter-out lab $(SITE_ORDER),$(SITE_SCENARIOS))
 
 test-site: setup
