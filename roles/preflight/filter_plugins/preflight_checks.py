@@ -187,7 +187,8 @@ def recipe_errors(model, recipes, host):
         if not re.fullmatch(r"[0-9a-f]{40}", revision):
             errors.append(_err(host, f"{var}.hf_revision", f"{revision!r} is not a commit hash; a branch or "
                                "tag can move under a running deployment.",
-                               "pin the model to the 40-character commit hash of the revision you tested."))
+                               f"pin the 40-character commit you tested in your inventory: sglang_recipe_overrides: "
+                               f"{{{model}: {{hf_revision: <commit>}}}}."))
     for field in ("served_model_name", "quantization"):
         if not recipe.get(field):
             errors.append(_err(host, f"{var}.{field}", "is missing.", f"set {field} in the recipe."))
@@ -259,6 +260,7 @@ ROLE_DEFAULTS = {
     "nvidia_driver_version": "",
     "nvidia_driver_packages": ["nvidia-kernel-open-dkms", "nvidia-driver-cuda", "nvidia-persistenced"],
     "nvidia_driver_power_limits": {},
+    "nvidia_driver_require_gpu": True,
     "cuda_toolkit_version": "13.0",
     "sglang_release_sglang_version": "0.5.23",
     "sglang_release_router_version": "0.3.2",
@@ -501,6 +503,30 @@ def gpu_host_errors(variables, host, search_dirs=()):
     return errors
 
 
+def gpu_count_errors(pci_gpus, host, variables, group="nvidia_gpu_hosts"):
+    """nvidia_driver (GPU hosts): the GPUs on the PCI bus (NVIDIA display and 3D controllers,
+    as the role lists them) against what its nvidia-smi check will expect after installing
+    the driver. pci_gpus: the PCI addresses."""
+    if str(_set(variables, "nvidia_driver_smi_output_dir") or ""):
+        return []  # tests: the role reads recorded nvidia-smi output instead
+    gpus = [str(g).strip() for g in pci_gpus or [] if str(g).strip()]
+    if not gpus:
+        if not _bool(_get(variables, "nvidia_driver_require_gpu")):
+            return []
+        return [_err(host, group, "this host is a GPU host but its PCI bus shows no NVIDIA GPU; the "
+                     "nvidia_driver role would install the driver and then fail.",
+                     "check that the GPUs are seated and visible (lspci -d 10de:), take the host out of "
+                     f"{group}, or set nvidia_driver_require_gpu: false for it.")]
+    var = "nvidia_driver_gpu_count" if _set(variables, "nvidia_driver_gpu_count") is not None else "sglang_gpu_count"
+    expected = _set(variables, var)
+    expected = int(_number(8 if expected is None else expected) or 0)
+    if len(gpus) == expected:
+        return []
+    return [_err(host, var, f"{expected} GPUs are expected, but the PCI bus shows {len(gpus)} "
+                 f"({', '.join(gpus)}); the nvidia_driver role would stop on the count after installing the driver.",
+                 f"check that every GPU is seated and powered (lspci -d 10de:), or set {var} to this host's GPU count.")]
+
+
 def _power_limit_errors(variables, host):
     limits = _get(variables, "nvidia_driver_power_limits")
     if limits in (None, ""):
@@ -625,7 +651,7 @@ def lock_errors(variables, host, lock_file):
         if f"\n{package}=={wanted} " in text:
             continue
         pinned = re.search(rf"\n{re.escape(package)}==(\S+)", text)
-        errors.append(_err(host, var, f"{wanted}, but {os.path.basename(lock_file)} pins "
+        errors.append(_err(host, var, f"is {wanted}, but {os.path.basename(lock_file)} pins "
                            f"{package + '==' + pinned.group(1) if pinned else 'no ' + package}; the release "
                            "play would stop after earlier plays changed hosts.",
                            f"set {var} to the version the lock pins, or recompile the lock."))
@@ -653,6 +679,7 @@ def model_source_errors(variables, host, model, recipe, model_root, source_stats
                      f"from it into {model_root}/{model}.",
                      "mount the share or copy the weights there, or correct the path.")]
     if not (sums or {}).get("exists"):
+        var = f"sglang_model_recipes[{model!r}].checksums" if recipe.get("checksums") else var
         return [_err(host, var, f"{source}/{checksums} is missing; the staged weights could not be verified.",
                      f"write it in the weights directory (sha256sum * > {checksums}), or name the "
                      "checksum file in the recipe's checksums.")]
@@ -690,6 +717,7 @@ class FilterModule:
             "preflight_node_exporter_errors": node_exporter_errors,
             "preflight_gpu_exporter_errors": gpu_exporter_errors,
             "preflight_gpu_host_errors": gpu_host_errors,
+            "preflight_gpu_count_errors": gpu_count_errors,
             "preflight_speculative_errors": speculative_errors,
             "preflight_router_mode_errors": router_mode_errors,
             "preflight_lock_errors": lock_errors,

@@ -1,0 +1,317 @@
+"""preflight's checks of the inputs that the roles after it would refuse only late.
+
+Each later role (nvidia_driver, cuda_toolkit, node_exporter, gpu_exporter, prometheus,
+grafana, sglang_release, sglang_router) refuses some inputs itself, but only in its own
+play, after earlier plays or hosts have changed. preflight_checks.py refuses them first;
+these tests pin what it refuses, what it lets through, and that its copy of the roles'
+defaults stays equal to theirs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location(
+    "preflight_checks", REPO / "roles" / "preflight" / "filter_plugins" / "preflight_checks.py")
+checks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(checks)
+
+LOCK = REPO / "files" / "sglang" / "requirements.lock"
+# "<host>: <variable>: <what is wrong> Fix: <what to do>."
+MESSAGE = re.compile(r"^[\w.-]+: [\w\[\]().' -]+: .+[.;)] Fix: .+\.$")
+ROLE_PREFIXES = ("grafana", "prometheus", "node_exporter", "gpu_exporter", "nvidia_driver", "cuda_toolkit",
+                 "sglang_release", "sglang_router")
+
+
+def _role_of(variable: str) -> str:
+    return next(p for p in ROLE_PREFIXES if variable.startswith(p + "_"))
+
+
+def _well_formed(errors):
+    for error in errors:
+        assert MESSAGE.match(error), error
+    return errors
+
+
+@pytest.mark.parametrize("variable", sorted(checks.ROLE_DEFAULTS))
+def test_role_defaults_match_the_roles(variable):
+    """A role default preflight relies on is the role's own (no drift)."""
+    defaults = yaml.safe_load((REPO / "roles" / _role_of(variable) / "defaults" / "main.yml").read_text())
+    assert variable in defaults, f"{variable} is no longer a default of {_role_of(variable)}"
+    assert checks.ROLE_DEFAULTS[variable] == defaults[variable]
+
+
+# ----------------------------------------------------------------------------- grafana
+def test_grafana_password_missing_or_short_is_refused_and_never_shown():
+    assert "is not set" in _well_formed(checks.grafana_errors({}, "h"))[0]
+    assert "is not set" in checks.grafana_errors({"grafana_admin_password": ""}, "h")[0]
+    short = _well_formed(checks.grafana_errors({"grafana_admin_password": "s3cret-pw"}, "h"))
+    assert "shorter than 12 characters" in short[0] and "s3cret-pw" not in short[0]
+    assert checks.grafana_errors({"grafana_admin_password": "a-long-enough-password"}, "h") == []
+
+
+def test_grafana_local_package(tmp_path):
+    ok = {"grafana_admin_password": "a-long-enough-password"}
+    deb = tmp_path / "grafana_12.1.1_amd64.deb"
+    assert "not an absolute path to a .deb" in _well_formed(
+        checks.grafana_errors({**ok, "grafana_deb_path": "grafana.deb"}, "h"))[0]
+    assert "is not a file on the controller" in _well_formed(
+        checks.grafana_errors({**ok, "grafana_deb_path": str(deb)}, "h"))[0]
+    # Without the package tasks (grafana_install_package: false) the .deb is never copied.
+    assert checks.grafana_errors({**ok, "grafana_deb_path": str(deb), "grafana_install_package": False}, "h") == []
+    deb.write_bytes(b"")
+    assert checks.grafana_errors({**ok, "grafana_deb_path": str(deb)}, "h") == []
+
+
+# -------------------------------------------------------------------------- prometheus
+def test_prometheus_defaults_pass_on_debian_and_need_a_pin_elsewhere():
+    assert checks.prometheus_errors({}, "h", "Debian", "12") == []
+    assert checks.prometheus_errors({}, "h", "Debian", "13") == []
+    errors = _well_formed(checks.prometheus_errors({}, "h", "Ubuntu", "24"))
+    assert errors == [errors[0]] and 'add "Ubuntu-24: <version>"' in errors[0]
+    assert checks.prometheus_errors({"prometheus_package_versions": {"Ubuntu-24": "2.45.3+ds-2"}}, "h", "Ubuntu", "24") == []
+    # The tarball does not need a package pin.
+    assert checks.prometheus_errors({"prometheus_install_method": "tarball"}, "h", "Ubuntu", "24") == []
+    assert "is not an install method" in _well_formed(
+        checks.prometheus_errors({"prometheus_install_method": "docker"}, "h", "Debian", "12"))[0]
+
+
+@pytest.mark.parametrize("checksum, problem", [
+    ("sha256:" + "a" * 64, None),
+    ("sha256:https://github.com/prometheus/prometheus/releases/download/v2.53.3/sha256sums.txt", None),
+    ("sha256:file:///srv/mirror/sha256sums.txt", None),
+    ("", "is empty"),
+    ("sha256:0123", "is not sha256:<64 hex digits>"),
+    ("a" * 64, "is not sha256:<64 hex digits>"),
+])
+def test_prometheus_tarball_checksum(checksum, problem):
+    variables = {"prometheus_install_method": "tarball", "prometheus_tarball_checksum": checksum}
+    errors = _well_formed(checks.prometheus_errors(variables, "h", "Debian", "12"))
+    assert errors == [] if problem is None else problem in errors[0]
+
+
+def test_prometheus_tarball_url_and_thresholds():
+    variables = {"prometheus_install_method": "tarball", "prometheus_tarball_url": "mirror/prometheus.tar.gz",
+                 "prometheus_alert_ttft_p99_seconds": 0, "prometheus_alert_queue_backlog_requests": "many",
+                 "prometheus_alert_gpu_temperature_celsius": "hot", "prometheus_alert_model_disk_free_ratio": 1,
+                 "sglang_model_root": "srv/models"}
+    errors = _well_formed(checks.prometheus_errors(variables, "h", "Debian", "12"))
+    assert [e.split(":")[1].strip() for e in errors] == [
+        "prometheus_tarball_url", "prometheus_alert_ttft_p99_seconds", "prometheus_alert_queue_backlog_requests",
+        "prometheus_alert_gpu_temperature_celsius", "prometheus_alert_model_disk_free_ratio", "prometheus_model_root"]
+    good = {"prometheus_alert_ttft_p99_seconds": "2.5", "prometheus_alert_queue_backlog_requests": 0,
+            "prometheus_alert_model_disk_free_ratio": 0.05, "prometheus_model_root": "/data/models"}
+    assert checks.prometheus_errors(good, "h", "Debian", "12") == []
+
+
+# ------------------------------------------------------------------------ node_exporter
+def test_node_exporter_needs_a_pin_for_the_hosts_release():
+    assert checks.node_exporter_errors({}, "h", "Debian", "12") == []
+    errors = _well_formed(checks.node_exporter_errors({}, "h", "Ubuntu", "22"))
+    assert "no pinned version of prometheus-node-exporter for Ubuntu-22" in errors[0]
+    pinned = {"node_exporter_package_versions": {"Ubuntu-22": "1.3.1-1ubuntu0.22.04.2"}}
+    assert checks.node_exporter_errors(pinned, "h", "Ubuntu", "22") == []
+    assert checks.node_exporter_errors({"node_exporter_package_versions": {"Ubuntu-22": ""}}, "h", "Ubuntu", "22")
+
+
+# ------------------------------------------------------------------------- gpu_exporter
+def test_gpu_exporter_kind_and_checksum():
+    assert checks.gpu_exporter_errors({}, "h") == []
+    assert checks.gpu_exporter_errors({"gpu_exporter_enabled": False, "gpu_exporter_kind": "bad"}, "h") == []
+    assert "is not an exporter kind" in _well_formed(checks.gpu_exporter_errors({"gpu_exporter_kind": "nvsmi"}, "h"))[0]
+    bad = {"gpu_exporter_nvidia_smi_checksum": "sha256:beef"}
+    assert "is not sha256:<64 hex digits>" in _well_formed(checks.gpu_exporter_errors(bad, "h"))[0]
+    # As the role: the checksum is checked for auto and nvidia_smi, not for dcgm or none.
+    assert checks.gpu_exporter_errors({**bad, "gpu_exporter_kind": "none"}, "h") == []
+    assert checks.gpu_exporter_errors({**bad, "gpu_exporter_kind": "dcgm"}, "h") == []
+
+
+def test_gpu_exporter_url_only_where_the_nvidia_smi_exporter_is_installed():
+    bad = {"gpu_exporter_nvidia_smi_url": "github.com/x.tar.gz"}
+    assert "is not a URL" in _well_formed(checks.gpu_exporter_errors(bad, "h"))[0]
+    assert checks.gpu_exporter_errors(bad, "h", dcgm_installed=True) == []  # auto picks DCGM there
+    assert checks.gpu_exporter_errors({"gpu_exporter_nvidia_smi_url": "https://mirror/x.tar.gz"}, "h") == []
+
+
+def test_gpu_exporter_dcgm_repository_key(tmp_path):
+    dcgm = {"gpu_exporter_kind": "dcgm", "gpu_exporter_dcgm_manage_repo": True}
+    assert checks.gpu_exporter_errors(dcgm, "h") == []  # the default key is a URL
+    missing = {**dcgm, "nvidia_driver_repo_key": "keys/3bf863cc.pub"}
+    assert "nvidia_driver_repo_key: 'keys/3bf863cc.pub' is neither" in _well_formed(
+        checks.gpu_exporter_errors(missing, "h"))[0]
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "3bf863cc.pub").write_text("key")
+    assert checks.gpu_exporter_errors(missing, "h", search_dirs=[str(tmp_path)]) == []
+    # gpu_exporter's own key wins over the driver role's.
+    own = {**missing, "gpu_exporter_dcgm_repo_key": "https://mirror/3bf863cc.pub"}
+    assert checks.gpu_exporter_errors(own, "h") == []
+    assert checks.gpu_exporter_errors({**missing, "gpu_exporter_dcgm_manage_repo": False}, "h") == []
+    assert "is not an http, https or file URL" in _well_formed(
+        checks.gpu_exporter_errors({**dcgm, "gpu_exporter_dcgm_repo_url": "mirror/cuda"}, "h"))[0]
+
+
+# ------------------------------------------------------------- nvidia_driver, cuda_toolkit
+def test_gpu_host_defaults_pass():
+    assert checks.gpu_host_errors({}, "h") == []
+    assert checks.gpu_host_errors({"nvidia_driver_version": "580.95.05", "cuda_toolkit_version": "13.1"}, "h") == []
+
+
+@pytest.mark.parametrize("variables, problem", [
+    ({"nvidia_driver_branch": "r580"}, "nvidia_driver_branch: 'r580' is not a driver branch."),
+    ({"nvidia_driver_version": "575.57.08"}, "nvidia_driver_version: 575.57.08 is not on branch 580"),
+    ({"nvidia_driver_version": "580.x"}, "nvidia_driver_version: '580.x' is not an exact driver version."),
+    ({"nvidia_driver_packages": ["nvidia-kernel-dkms", "nvidia-kernel-open-dkms"]},
+     "nvidia_driver_packages: nvidia-kernel-dkms is the proprietary kernel module flavour"),
+    ({"nvidia_driver_packages": ["nvidia-driver-cuda"]}, "nvidia_driver_packages: names no open kernel module package."),
+    ({"nvidia_driver_repo_url": "developer.download.nvidia.com/compute/cuda/repos"},
+     "is not an http, https or file URL"),
+    ({"nvidia_driver_repo_key": "/nonexistent/3bf863cc.pub"}, "is neither an http(s)/file URL nor a file on the controller"),
+    ({"cuda_toolkit_version": "12.8"}, "cuda_toolkit_version: '12.8' is not a CUDA 13.x"),
+    ({"cuda_toolkit_version": 13}, "cuda_toolkit_version: '13' is not a CUDA 13.x"),
+])
+def test_gpu_host_refusals(variables, problem):
+    errors = _well_formed(checks.gpu_host_errors(variables, "h"))
+    assert any(problem in e for e in errors), errors
+
+
+def test_gpu_host_repository_as_file_url_or_controller_file(tmp_path):
+    key = tmp_path / "3bf863cc.pub"
+    key.write_text("key")
+    assert checks.gpu_host_errors({"nvidia_driver_repo_url": "file:///srv/mirror/cuda",
+                                   "nvidia_driver_repo_key": str(key)}, "h") == []
+    assert checks.gpu_host_errors({"nvidia_driver_repo_key": "file:///srv/mirror/3bf863cc.pub"}, "h") == []
+
+
+def test_power_limits():
+    assert checks.gpu_host_errors({"nvidia_driver_power_limits": {"all": 450}}, "h") == []
+    assert checks.gpu_host_errors({"nvidia_driver_power_limits": {0: 450, "7": "500", 3: ""}}, "h") == []
+    errors = _well_formed(checks.gpu_host_errors({"nvidia_driver_power_limits": {8: 450, "0": "lots", "gpu1": 1}}, "h"))
+    assert any("GPU 8 does not exist; the host has 8 GPUs (0-7" in e for e in errors)
+    assert any("nvidia_driver_power_limits[0]: 'lots' is not a power limit in watts." in e for e in errors)
+    assert any("'gpu1' is neither a GPU index nor all." in e for e in errors)
+    # The GPU count follows nvidia_driver_gpu_count, else sglang_gpu_count.
+    assert checks.gpu_host_errors({"nvidia_driver_power_limits": {5: 450}, "sglang_gpu_count": 4}, "h")
+    assert checks.gpu_host_errors({"nvidia_driver_power_limits": {5: 450}, "sglang_gpu_count": 4,
+                                   "nvidia_driver_gpu_count": 8}, "h") == []
+    assert "is not a mapping" in _well_formed(checks.gpu_host_errors({"nvidia_driver_power_limits": [450]}, "h"))[0]
+
+
+# ------------------------------------------------------------ sglang_release, sglang_router
+PD = [{"name": "prefill-0", "mode": "prefill", "gpus": [0, 1, 2, 3], "port": 30000, "bootstrap_port": 8998},
+      {"name": "decode-0", "mode": "decode", "gpus": [4, 5, 6, 7], "port": 30001}]
+UNIFIED = [{"name": "unified-0", "mode": "unified", "gpus": list(range(8)), "port": 30000}]
+
+
+def _with_args(engines, index, args):
+    out = [dict(e) for e in engines]
+    out[index]["args"] = args
+    return out
+
+
+def test_speculative_arguments_in_the_recipe_pass():
+    recipe = {"args": {"speculative-algorithm": "EAGLE", "speculative_num_steps": 3}}
+    hostvars = {"a": {"sglang_engines": PD}, "b": {"sglang_engines": PD}}
+    assert checks.speculative_errors(hostvars, ["a", "b"], recipe, "m") == []
+    assert checks.speculative_errors(hostvars, ["a", "b"], None, "m") == []
+
+
+def test_speculative_arguments_on_one_engine_name_that_engine():
+    hostvars = {"a": {"sglang_engines": _with_args(PD, 1, {"speculative_num_steps": 3})}}
+    errors = _well_formed(checks.speculative_errors(hostvars, ["a"], {}, "m"))
+    assert len(errors) == 1 and errors[0].startswith(
+        "a: sglang_engines[1] (decode-0).args: --speculative-num-steps is 3 on engine decode-0 (decode, a) "
+        "but unset on engine prefill-0 (prefill, a);")
+
+
+def test_speculative_arguments_per_mode_or_per_host():
+    recipe = {"mode_args": {"prefill": {"speculative-eagle-topk": 1}}}
+    errors = checks.speculative_errors({"a": {"sglang_engines": PD}}, ["a"], recipe, "m")
+    assert errors and errors[0].startswith("a: sglang_model_recipes['m'].mode_args.prefill: --speculative-eagle-topk")
+    hostvars = {"a": {"sglang_engines": PD[:1], "sglang_release_engine_args": {"speculative-num-steps": 2}},
+                "b": {"sglang_engines": PD[1:], "sglang_release_engine_args": {"speculative-num-steps": 3}}}
+    errors = checks.speculative_errors(hostvars, ["b", "a"], {}, "m")
+    assert errors == [errors[0]] and errors[0].startswith("b: sglang_release_engine_args: --speculative-num-steps is 3")
+    # Unified engines are not part of a PD pair.
+    hostvars = {"a": {"sglang_engines": _with_args(UNIFIED, 0, {"speculative-num-steps": 3})}}
+    assert checks.speculative_errors(hostvars, ["a"], {}, "m") == []
+
+
+@pytest.mark.parametrize("mode, engines, problem", [
+    ("auto", PD, None), ("auto", UNIFIED, None), ("pd", PD, None), ("plain", UNIFIED, None),
+    ("pd", UNIFIED, "is pd, but the engines are unified"),
+    ("plain", PD, "is plain, but the engines are prefill and decode engines"),
+    ("PD", PD, "'PD' is not a router mode."),
+])
+def test_router_mode(mode, engines, problem):
+    hostvars = {"gpu": {"sglang_engines": engines}}
+    errors = _well_formed(checks.router_mode_errors({"sglang_router_mode": mode}, "h", hostvars, ["gpu"]))
+    assert errors == [] if problem is None else problem in errors[0]
+
+
+def test_lock_versions(tmp_path):
+    assert checks.lock_errors({}, "h", str(LOCK)) == []
+    errors = _well_formed(checks.lock_errors({"sglang_release_sglang_version": "0.5.24",
+                                              "sglang_release_router_version": "0.3.2"}, "h", str(LOCK)))
+    assert errors == [errors[0]] and "sglang_release_sglang_version: is 0.5.24, but requirements.lock pins sglang==0.5.23" in errors[0]
+    other = tmp_path / "other.lock"
+    other.write_text("sglang==0.5.23 \\\n    --hash=sha256:00\n")
+    errors = checks.lock_errors({"sglang_release_lock_file": str(other)}, "h", str(LOCK))
+    assert len(errors) == 1 and "sglang_release_router_version: is 0.3.2, but other.lock pins no sglang-router" in errors[0]
+    assert "cannot be read on the controller" in _well_formed(checks.lock_errors({}, "h", str(tmp_path / "none")))[0]
+
+
+RECIPE = {"path": "/srv/model-source/m", "served_model_name": "m", "quantization": "none", "disk_gb": 1}
+DIR = {"exists": True, "isdir": True}
+FILE = {"exists": True, "isdir": False}
+NONE = {"exists": False}
+
+
+def test_model_source():
+    assert checks.model_source_errors({}, "h", "m", RECIPE, "/srv/models", [DIR, FILE]) == []
+    errors = _well_formed(checks.model_source_errors({}, "h", "m", RECIPE, "/srv/models", [NONE, NONE]))
+    assert errors[0].startswith("h: sglang_model_recipes['m'].path: /srv/model-source/m is not a directory on this host;")
+    errors = _well_formed(checks.model_source_errors({}, "h", "m", RECIPE, "/srv/models", [DIR, NONE]))
+    assert "/srv/model-source/m/SHA256SUMS is missing" in errors[0]
+    custom = {**RECIPE, "checksums": "SUMS"}
+    assert checks.model_source_errors({}, "h", "m", custom, "/srv/models", [DIR, NONE])[0].startswith(
+        "h: sglang_model_recipes['m'].checksums: /srv/model-source/m/SUMS is missing")
+
+
+def test_model_source_not_needed():
+    # Hugging Face recipes, staging off, or a verified copy of the same source already staged.
+    hf = {"hf_repo": "org/m", "hf_revision": "0" * 40}
+    assert checks.model_source_errors({}, "h", "m", hf, "/srv/models", []) == []
+    assert checks.model_source_errors({"sglang_release_stage_model": False}, "h", "m", RECIPE, "/srv/models",
+                                      [NONE, NONE]) == []
+    marker = '{"source": {"path": "/srv/model-source/m"}}'
+    assert checks.model_source_errors({}, "h", "m", RECIPE, "/srv/models", [NONE, NONE], marker) == []
+    other = '{"source": {"path": "/srv/model-source/old"}}'
+    assert checks.model_source_errors({}, "h", "m", RECIPE, "/srv/models", [NONE, NONE], other)
+    assert checks.model_source_errors({}, "h", "m", RECIPE, "/srv/models", [NONE, NONE], "not json")
+
+
+def test_wheelhouse():
+    assert checks.wheelhouse_errors({}, "h", {}) == []
+    assert checks.wheelhouse_errors({"sglang_release_wheelhouse": "/srv/wheels"}, "h", DIR) == []
+    errors = _well_formed(checks.wheelhouse_errors({"sglang_release_wheelhouse": "/srv/wheels"}, "h", NONE))
+    assert "sglang_release_wheelhouse: /srv/wheels is not a directory on this host" in errors[0]
+
+
+def test_gpu_count_on_the_pci_bus():
+    eight = [f"0000:{bus:02x}:00.0" for bus in range(0x17, 0x1f)]
+    assert checks.gpu_count_errors(eight, "h", {}) == []
+    assert checks.gpu_count_errors(eight[:4], "h", {"sglang_gpu_count": 4}) == []
+    errors = _well_formed(checks.gpu_count_errors(eight[:4], "h", {"sglang_gpu_count": 8}))
+    assert errors[0].startswith("h: sglang_gpu_count: 8 GPUs are expected, but the PCI bus shows 4 (0000:17:00.0,")
+    errors = checks.gpu_count_errors(eight, "h", {"sglang_gpu_count": 8, "nvidia_driver_gpu_count": 4})
+    assert errors[0].startswith("h: nvidia_driver_gpu_count: 4 GPUs are expected, but the PCI bus shows 8")
+    errors = _well_formed(checks.gpu_count_errors([], "h", {}))
+    assert "nvidia_gpu_hosts: this host is a GPU host but its PCI bus shows no NVIDIA GPU" in errors[0]
+    assert checks.gpu_count_errors([""], "h", {"nvidia_driver_require_gpu": False}) == []
+    assert checks.gpu_count_errors([], "h", {"nvidia_driver_smi_output_dir": "/srv/recorded"}) == []
