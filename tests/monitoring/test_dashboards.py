@@ -190,3 +190,12 @@ def test_check_queries_reports_missing_targets_and_data(fixture_prometheus):
                    "'Prefill token throughput' A: no data", "FAILED: targets, recording rules and"):
         assert needle in result.stdout, (needle, result.stdout[-3000:])
     assert "DCGM_FI" not in result.stdout  # GPU panels skipped
+
+
+def test_pd_overview_shows_the_accept_length_beside_decode_throughput():
+    """The recording rule SGLangSpecAcceptLengthLow watches, in the panel right of decode tok/s."""
+    by_title = {p["title"]: p for p in promlib.panels(promlib.dashboards()["sglang-pd-overview.json"])}
+    decode, spec = by_title["Decode token throughput"]["gridPos"], by_title["Speculative accept length"]["gridPos"]
+    assert spec["y"] == decode["y"] and spec["x"] == decode["x"] + decode["w"]
+    assert [t["expr"] for t in by_title["Speculative accept length"]["targets"]] == [
+        'sglang:spec_accept_length:avg5m{host=~"$host", role=~"$role", instance=~"$instance"}']

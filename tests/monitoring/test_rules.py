@@ -71,3 +71,13 @@ def test_thresholds_come_from_variables(tmp_path):
     text = "\n".join(p.read_text() for p in paths)
     for needle in ("> 7.5", "> 80", "> 64", "< 0.2", 'mountpoint=~"/|/data|/data/models"'):
         assert needle in text, needle
+
+
+def test_accept_length_floor_is_the_served_recipes(tmp_path):
+    """SGLangSpecAcceptLengthLow fires below the served recipe's speculative.accept_length_floor."""
+    recipes = yaml.safe_load((HERE.parents[1] / "defaults" / "models.yml").read_text())["sglang_shipped_recipes"]
+    for name, recipe in recipes.items():
+        floor = recipe["speculative"]["accept_length_floor"]
+        paths = promlib.render_rules(tmp_path / name, {"sglang_model": name, "sglang_model_recipes": recipes})
+        alert = next(r for r in promlib.rules(paths) if r.get("alert") == "SGLangSpecAcceptLengthLow")
+        assert f'sglang:spec_accept_length:avg5m{{role=~"decode|unified"}} < {floor} and' in alert["expr"], alert["expr"]

@@ -4,7 +4,9 @@
     .venv-sglang/bin/python tests/recipes/check_recipes.py
 
 Renders each engine's config with the sglang_release role's own renderer (model path:
-molecule/examples/models/<recipe>, the model's published config.json and no weights),
+molecule/examples/models/<recipe>, the model's published config.json and no weights; a
+separate speculative draft: molecule/examples/models/<recipe>-draft), with the recipe's
+speculative decoding as shipped (every layout) and switched off (the co-located layout),
 then runs the role's validate_release.parse_engine() on it: SGLang 0.5.23's parser and
 its resolution against the model's config, with `--device cpu`. One line per engine;
 exit status 1 when any engine fails or a recipe has no config.json here.
@@ -30,6 +32,19 @@ from validate_release import parse_engine  # noqa: E402  (the role's validation)
 MODELS = REPO / "molecule/examples/models"
 
 
+def check_engine(workdir, name, spec, layout, engine, recipe, model_dir) -> int:
+    """One engine's config through the role's validation; 1 when it fails."""
+    path = workdir / f"{name}.{layout}.{engine['name']}.spec-{spec}.yaml"
+    path.write_text(yaml.safe_dump(engine_args(engine, recipe, str(model_dir), "127.0.0.1")))
+    result = parse_engine(str(path), "cpu")
+    label = f"{name} {layout} {engine['name']} ({engine['mode']}, speculative {spec})"
+    if result["ok"]:
+        print(f"ok   {label}: tp {result['tp_size']}, {result['disaggregation_mode']}")
+        return 0
+    print(f"FAIL {label}: {result['error']}")
+    return 1
+
+
 def main() -> int:
     started = time.monotonic()
     recipes = yaml.safe_load((REPO / "defaults/models.yml").read_text())["sglang_shipped_recipes"]
@@ -43,17 +58,14 @@ def main() -> int:
             print(f"FAIL {name}: {model_dir}/config.json is missing")
             failures += 1
             continue
-        for layout, engines in sorted(recipe["layouts"].items()):
-            for engine in engines:
-                path = workdir / f"{name}.{layout}.{engine['name']}.yaml"
-                path.write_text(yaml.safe_dump(engine_args(engine, recipe, str(model_dir), "127.0.0.1")))
-                result = parse_engine(str(path), "cpu")
-                label = f"{name} {layout} {engine['name']} ({engine['mode']})"
-                if result["ok"]:
-                    print(f"ok   {label}: tp {result['tp_size']}, {result['disaggregation_mode']}")
-                else:
-                    failures += 1
-                    print(f"FAIL {label}: {result['error']}")
+        for spec in ("on", "off"):
+            variant = {**recipe, "speculative": {**(recipe.get("speculative") or {}), "enabled": spec == "on"}}
+            for layout, engines in sorted(recipe["layouts"].items()):
+                # Switched off, the speculative arguments leave every engine alike: one layout will do.
+                if spec == "off" and layout != "unified_tp8":
+                    continue
+                for engine in engines:
+                    failures += check_engine(workdir, name, spec, layout, engine, variant, model_dir)
     print(f"{failures} failed, in {time.monotonic() - started:.0f} s")
     return 1 if failures else 0
 

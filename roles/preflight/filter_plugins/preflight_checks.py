@@ -196,6 +196,53 @@ def recipe_errors(model, recipes, host):
     if not isinstance(disk, (int, float)) or isinstance(disk, bool) or disk <= 0:
         errors.append(_err(host, f"{var}.disk_gb", f"{disk!r} is not a positive size.",
                            "set disk_gb to the size of the weights in GB (the free-disk check uses it)."))
+    return errors + speculative_block_errors(model, recipe, host)
+
+
+SPECULATIVE_COUNTS = ("num_steps", "eagle_topk", "num_draft_tokens")
+
+
+def speculative_block_errors(model, recipe, host):
+    """The recipe's speculative block (switched on): an algorithm that fits its draft, the
+    three EAGLE counts set together, a draft pinned to a commit."""
+    spec = recipe.get("speculative")
+    var = f"sglang_model_recipes[{model!r}].speculative"
+    if spec is None:
+        return []
+    if not isinstance(spec, dict):
+        return [_err(host, var, "is not a mapping.", "write it as a mapping (enabled, algorithm, num_steps, ...).")]
+    if not _bool(spec.get("enabled")):
+        return []
+    errors = []
+    algorithm = str(spec.get("algorithm") or "").upper()
+    draft = spec.get("draft_hf_repo")
+    if algorithm == "EAGLE" and draft:
+        errors.append(_err(host, f"{var}.algorithm", f"is EAGLE, which drafts with the checkpoint's own MTP head, "
+                           f"but draft_hf_repo names a separate EAGLE-3 draft ({draft}); SGLang would load the draft "
+                           "with the wrong layer layout.",
+                           "set algorithm: EAGLE3 for the draft, or remove draft_hf_repo to use the MTP head."))
+    if algorithm == "EAGLE3" and not draft:
+        errors.append(_err(host, f"{var}.draft_hf_repo", "is missing; EAGLE3 needs a separate EAGLE-3 draft model.",
+                           "set draft_hf_repo and draft_hf_revision to the draft you validated."))
+    given = [field for field in SPECULATIVE_COUNTS if spec.get(field) not in (None, "")]
+    if given and len(given) != len(SPECULATIVE_COUNTS):
+        missing = [field for field in SPECULATIVE_COUNTS if field not in given]
+        errors.append(_err(host, f"{var}.{missing[0]}", f"is unset while {', '.join(given)} "
+                           f"{'is' if len(given) == 1 else 'are'} set; SGLang refuses steps, topk and draft tokens "
+                           "unless all three are given (or none, to let it choose).",
+                           "set num_steps, eagle_topk and num_draft_tokens together (e.g. 3, 1, 4), or none of them."))
+    for field in given:
+        value = spec.get(field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            errors.append(_err(host, f"{var}.{field}", f"{value!r} is not a positive whole number.",
+                               f"set {field} to a whole number of 1 or more."))
+    if draft:
+        revision = str(spec.get("draft_hf_revision") or "")
+        if not re.fullmatch(r"[0-9a-f]{40}", revision):
+            errors.append(_err(host, f"{var}.draft_hf_revision", f"{revision!r} is not a commit hash; a branch or "
+                               "tag can move the draft under a running deployment.",
+                               f"pin the 40-character commit of {draft} you tested in your inventory: "
+                               f"sglang_recipe_overrides: {{{model}: {{speculative: {{draft_hf_revision: <commit>}}}}}}."))
     return errors
 
 
@@ -566,6 +613,23 @@ def _speculative(args):
             if str(k).replace("_", "-").startswith("speculative-")} if isinstance(args, dict) else {}
 
 
+# The recipe's speculative block as sglang_release renders it (field -> SGLang argument);
+# tests/unit keeps it equal to the role's renderer.
+SPECULATIVE_BLOCK_ARGS = (("algorithm", "speculative-algorithm"), ("num_steps", "speculative-num-steps"),
+                          ("eagle_topk", "speculative-eagle-topk"), ("num_draft_tokens", "speculative-num-draft-tokens"),
+                          ("moe_runner_backend", "speculative-moe-runner-backend"))
+
+
+def _speculative_block(recipe):
+    spec = recipe.get("speculative") if isinstance(recipe, dict) else None
+    if not isinstance(spec, dict) or not _bool(spec.get("enabled")):
+        return {}
+    args = {key: spec[field] for field, key in SPECULATIVE_BLOCK_ARGS if spec.get(field) not in (None, "")}
+    if spec.get("draft_hf_repo"):
+        args["speculative-draft-model-path"] = "<the staged draft>"
+    return args
+
+
 def speculative_errors(hostvars, engine_hosts, recipe, model):
     """Speculative-decoding arguments must be identical on every prefill and decode engine
     (sglang_release checks the rendered arguments, after earlier plays changed hosts)."""
@@ -584,6 +648,7 @@ def speculative_errors(hostvars, engine_hosts, recipe, model):
             mode = engine["mode"]
             spec, source = {}, {}
             for layer, var in ((recipe.get("args"), f"{recipe_var}.args"),
+                               (_speculative_block(recipe), f"{recipe_var}.speculative"),
                                (mode_args.get(mode), f"{recipe_var}.mode_args.{mode}"),
                                (host_args, "sglang_release_engine_args"),
                                (engine.get("args"), f"{_engine_label(engine, index)}.args")):
@@ -603,8 +668,8 @@ def speculative_errors(hostvars, engine_hosts, recipe, model):
                            f"--{key} is {_show(spec.get(key))} on engine {name} ({mode}, {host}) but "
                            f"{_show(ref_spec.get(key))} on engine {ref_name} ({ref_mode}, {ref_host}); "
                            "speculative-decoding arguments must be identical on every prefill and decode engine.",
-                           f"set them once in the recipe's args ({recipe_var}.args), not per engine, per mode "
-                           "or per host.")
+                           f"set them once in the recipe's speculative block ({recipe_var}.speculative), not per "
+                           "engine, per mode or per host.")
             if message not in errors:
                 errors.append(message)
     return errors
@@ -612,6 +677,36 @@ def speculative_errors(hostvars, engine_hosts, recipe, model):
 
 def _show(value) -> str:
     return "unset" if value is None else repr(value)
+
+
+KIMI_K25_REPO = "moonshotai/Kimi-K2.5"
+
+
+def kv_cache_errors(hostvars, engine_hosts, recipe, model):
+    """Kimi-K2.5: no FP8 KV cache, from any layer of the engines' arguments."""
+    if not isinstance(recipe, dict) or (model != "kimi-k2.5-int4" and recipe.get("hf_repo") != KIMI_K25_REPO):
+        return []
+    recipe_var = f"sglang_model_recipes[{model!r}]"
+    mode_args = recipe.get("mode_args") if isinstance(recipe.get("mode_args"), dict) else {}
+    errors = []
+    for host in sorted(engine_hosts):
+        hv = hostvars[host]
+        engines = hv.get("sglang_engines") or []
+        layers = [(recipe.get("args"), f"{recipe_var}.args")]
+        layers += [(mode_args.get(mode), f"{recipe_var}.mode_args.{mode}") for mode in ("prefill", "decode", "unified")]
+        layers.append((hv.get("sglang_release_engine_args"), "sglang_release_engine_args"))
+        layers += [(engine.get("args"), f"{_engine_label(engine, index)}.args")
+                   for index, engine in enumerate(engines if isinstance(engines, list) else []) if isinstance(engine, dict)]
+        for layer, var in layers:
+            for key, value in (layer.items() if isinstance(layer, dict) else []):
+                if str(key).replace("_", "-") == "kv-cache-dtype" and str(value).lower().startswith("fp8"):
+                    message = _err(host, var, f"--kv-cache-dtype is {value!r}; the Kimi-K2.5 recipe keeps its MLA "
+                                   "KV cache in BF16 (the Triton MLA backend and the EAGLE-3 draft on sm_120 are not "
+                                   "validated with an FP8 cache, and a wrong cache degrades every answer silently).",
+                                   "remove kv-cache-dtype (or set it to auto) for this recipe.")
+                    if message not in errors:
+                        errors.append(message)
+    return errors
 
 
 def router_mode_errors(variables, host, hostvars, engine_hosts):
@@ -719,6 +814,7 @@ class FilterModule:
             "preflight_gpu_host_errors": gpu_host_errors,
             "preflight_gpu_count_errors": gpu_count_errors,
             "preflight_speculative_errors": speculative_errors,
+            "preflight_kv_cache_errors": kv_cache_errors,
             "preflight_router_mode_errors": router_mode_errors,
             "preflight_lock_errors": lock_errors,
             "preflight_model_source_errors": model_source_errors,

@@ -2,7 +2,8 @@
 
 engine_args() turns one entry of sglang_engines plus the model recipe into the mapping
 written to engines/<name>.yaml (SGLang's `--config`; keys spelled with dashes, as on the
-command line). cross_engine_errors() checks what SGLang's own parser cannot see, because
+command line), with the recipe's speculative block rendered by speculative_args().
+cross_engine_errors() checks what SGLang's own parser cannot see, because
 it parses one engine at a time: speculative-decoding arguments identical on every prefill
 and decode engine, and bootstrap ports that clash with another listener on an address.
 """
@@ -14,6 +15,10 @@ import json
 
 PD_MODES = ("prefill", "decode")
 SPECULATIVE_PREFIX = "speculative-"
+# The recipe's speculative block: field -> SGLang argument.
+SPECULATIVE_FIELDS = (("algorithm", "speculative-algorithm"), ("num_steps", "speculative-num-steps"),
+                      ("eagle_topk", "speculative-eagle-topk"), ("num_draft_tokens", "speculative-num-draft-tokens"),
+                      ("moe_runner_backend", "speculative-moe-runner-backend"))
 
 
 def _norm(key) -> str:
@@ -24,6 +29,31 @@ def _merge(target: dict, extra) -> dict:
     for key, value in (extra or {}).items():
         target[_norm(key)] = value
     return target
+
+
+def _on(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "on", "1", "y")
+    return bool(value)
+
+
+def draft_dir(model_dir) -> str:
+    """Where a recipe's separate draft model is staged: beside the weights, outside releases."""
+    return f"{model_dir}-draft"
+
+
+def speculative_args(recipe, model_dir):
+    """The SGLang arguments of the recipe's speculative block; none when it is off."""
+    spec = recipe.get("speculative") or {}
+    if not _on(spec.get("enabled")):
+        return {}
+    args = {}
+    for field, key in SPECULATIVE_FIELDS:
+        if spec.get(field) not in (None, ""):
+            args[key] = int(spec[field]) if field in ("num_steps", "eagle_topk", "num_draft_tokens") else str(spec[field])
+    if spec.get("draft_hf_repo"):
+        args["speculative-draft-model-path"] = draft_dir(model_dir)
+    return args
 
 
 def engine_args(engine, recipe, model_dir, listen_address, transfer_backend="mooncake",
@@ -55,6 +85,7 @@ def engine_args(engine, recipe, model_dir, listen_address, transfer_backend="moo
     args["enable-metrics"] = True
     args["extra-metric-labels"] = {"role": mode, "instance": engine["name"]}
     _merge(args, recipe.get("args"))
+    _merge(args, speculative_args(recipe, model_dir))
     _merge(args, (recipe.get("mode_args") or {}).get(mode))
     _merge(args, host_args)
     _merge(args, engine.get("args"))
@@ -106,7 +137,7 @@ def cross_engine_errors(layout, router_ports=None):
                         f"{host}: engine {name} ({engine['mode']}): argument --{key} is "
                         f"{_show(spec.get(key))} but {_show(ref_spec.get(key))} on engine {ref_name} "
                         f"({ref['mode']}, {ref_host}). Speculative-decoding arguments must be identical "
-                        "on prefill and decode. Fix: set them once in the recipe's args, not per engine "
+                        "on prefill and decode. Fix: set them once in the recipe's speculative block, not per engine "
                         "or per mode.")
     # Ports: a bootstrap port must not clash with another listener on the same address.
     for host in sorted(layout):
@@ -175,6 +206,8 @@ class FilterModule:
         return {
             "sglang_release_engine_args": engine_args,
             "sglang_release_engine_env": engine_env,
+            "sglang_release_speculative_args": speculative_args,
+            "sglang_release_draft_dir": draft_dir,
             "sglang_release_env_file": env_file,
             "sglang_release_cross_engine_errors": cross_engine_errors,
             "sglang_release_content_id": content_id,
