@@ -3,8 +3,8 @@
 The version is BASE+g<tree> where <tree> is the short git object id of the
 committed files/kernels tree (HEAD:files/kernels, which changes exactly when
 this package's sources change) and ".dirty" is appended when the working tree
-differs from it. Outside a git checkout (an sdist) the existing _version.py is
-kept.
+differs from it. Outside this repository's git checkout (an sdist, a git archive) the
+existing _version.py is kept, or BASE+unknown written.
 """
 
 import os
@@ -25,6 +25,9 @@ def _git(*args):
 
 def compute_version() -> str | None:
     try:
+        # Only this repository's own checkout: an unpacked git archive may sit inside another.
+        if Path(_git("rev-parse", "--show-toplevel")).resolve() != HERE.parents[1]:
+            return None
         prefix = _git("rev-parse", "--show-prefix").rstrip("/")
         tree = _git("rev-parse", "--short=10", f"HEAD:{prefix}" if prefix else "HEAD^{tree}")
         dirty = _git("status", "--porcelain", "--untracked-files=all", "--", ".")
