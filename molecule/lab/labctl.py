@@ -349,7 +349,10 @@ def down(name: str, signalled: bool = False) -> None:
             time.sleep(0.2)
         if alive(pid):
             log(f"{name}: poweroff timed out; killing")
-            os.killpg(pid, signal.SIGKILL)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it ended between the check and the kill
     # Whatever still runs inside the container's root is killed too.
     kill_lab_processes(hdir)
     for point in sorted(lab_mounts(hdir), reverse=True):
