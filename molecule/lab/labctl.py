@@ -138,15 +138,18 @@ def read_json(path: Path) -> dict:
 
 
 def alive(pid: int) -> bool:
+    """Whether pid is a running systemd-nspawn (a lab host's recorded process)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    # A zombie is not alive.
+    # A zombie is not alive, and a reused PID of another program is not the host.
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            return False
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"systemd-nspawn")
     except OSError:
         return False
 
