@@ -106,9 +106,12 @@ def test_staging_a_draft_end_to_end_records_the_mapping(tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     result = json.loads(first.stdout.splitlines()[-1])
     assert result["changed"] and "converted (layers.0.* -> midlayer.*)" in result["msg"]
+    assert result["key_mapping"] == {"layers.0.": "midlayer."}
     marker = json.loads((dest / stage.MARKER).read_text())
     assert marker["source"] == {"path": str(src)} and marker["key_mapping"] == {"layers.0.": "midlayer."}
     assert marker["files"]["model.safetensors"] == hashlib.sha256((dest / "model.safetensors").read_bytes()).hexdigest()
     assert (tmp_path / "models" / "kimi-draft.source" / "model.safetensors").is_file()
     again = subprocess.run(argv, capture_output=True, text=True, check=False)
-    assert again.returncode == 0 and not json.loads(again.stdout.splitlines()[-1])["changed"]
+    assert again.returncode == 0, again.stdout + again.stderr
+    skipped = json.loads(again.stdout.splitlines()[-1])
+    assert not skipped["changed"] and skipped["key_mapping"] == {"layers.0.": "midlayer."}

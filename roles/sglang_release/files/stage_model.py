@@ -253,8 +253,10 @@ def stage_draft(args, source_dir: Path, served: Path, source: dict) -> int:
     """An EAGLE-3 draft: the verified source in SOURCE_DIR, the served copy in SERVED."""
     marker = served / MARKER
     try:
-        if json.loads(marker.read_text()).get("source") == source:
-            print(json.dumps({"changed": False, "msg": f"{served}: present and verified"}))
+        staged = json.loads(marker.read_text())
+        if staged.get("source") == source:
+            print(json.dumps({"changed": False, "msg": f"{served}: present and verified",
+                              "key_mapping": staged.get("key_mapping", {})}))
             return 0
     except (OSError, ValueError):
         pass
@@ -274,7 +276,8 @@ def stage_draft(args, source_dir: Path, served: Path, source: dict) -> int:
         return 1
     marker.write_text(json.dumps({"source": source, "from": str(source_dir), **converted}, indent=2, sort_keys=True))
     how = "converted (layers.0.* -> midlayer.*)" if converted["key_mapping"] else "copied (already midlayer.*)"
-    print(json.dumps({"changed": True, "msg": f"{served}: EAGLE-3 draft {how} and verified"}))
+    print(json.dumps({"changed": True, "msg": f"{served}: EAGLE-3 draft {how} and verified",
+                      "key_mapping": converted["key_mapping"]}))
     return 0
 
 
