@@ -24,7 +24,7 @@ PROMETHEUS_BIN_DIR     := $(CURDIR)/.cache/prometheus-deb/usr/bin
 # for the monitoring tests and the prometheus role's tarball scenario (it packs these)
 export SM120_PROMETHEUS_BIN_DIR := $(PROMETHEUS_BIN_DIR)
 
-# Role scenarios run in alphabetical order; site scenarios (molecule/<name>) after them.
+# Role scenarios (roles/<role>/molecule/*) and the scenarios of the whole deployment (molecule/<name>).
 ROLE_DIRS        = $(sort $(foreach f,$(wildcard roles/*/molecule/*/molecule.yml),roles/$(word 2,$(subst /, ,$(f)))))
 SITE_SCENARIOS   = $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
@@ -157,7 +157,7 @@ test-scenario: setup
 	@$(ACTIVATE) && molecule test -s $(S)
 
 # Site scenarios (molecule/<name>) that `make test` runs, longest first: all but the lab.
-SITE_ORDER := examples site
+SITE_ORDER := examples examples_multinode
 SITE_RUN = $(filter $(SITE_SCENARIOS),$(SITE_ORDER)) $(filter-out lab $(SITE_ORDER),$(SITE_SCENARIOS))
 
 test-site: setup
@@ -171,11 +171,11 @@ molecule-site/%:
 #   and the monitoring tests run while the root filesystems download and unpack
 #   (debootstrap mostly waits on the network and the disk), and then while the lab
 #   lifecycle test boots and removes its hosts (it mostly waits on them);
-# - then two lanes: the site scenario, the longest, in one and the role scenarios one
-#   after another in the other; the lane that ends first takes the roles left. Alone, the
-#   site scenario keeps the cores about half busy (it waits on health gates, restarts and
-#   timeouts). Beside two role lanes it took 35 minutes instead of 19 and ended last,
-#   with the cores half idle again at the end.
+# - then two lanes, longest scenario first: the examples scenario in one, the multi-node
+#   examples scenario and then the role scenarios in the other; the lane that ends first
+#   takes the roles left. A third lane does not pay: a scenario alone keeps the cores about
+#   half busy (it waits on health gates, restarts and timeouts), but beside two others it
+#   takes nearly twice as long.
 MOLECULE_JOBS ?= 2
 test:
 	@$(MAKE) --no-print-directory -j6 --output-sync=target test-static test-unit test-kernels \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check a live Prometheus of an sm120-serve deployment (the lab's, in the site scenario):
+"""Check a live Prometheus of an sm120-serve deployment (make lab's, the examples scenario's):
 
   * every scrape target is up, and the expected jobs have targets;
   * every recording rule Prometheus has loaded returns data;
