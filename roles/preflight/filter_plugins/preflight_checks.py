@@ -7,10 +7,14 @@ act on it without reading the role.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import os
 import re
+from pathlib import Path
+
+import yaml
 
 ENGINE_MODES = ("prefill", "decode", "unified")
 LOOPBACK_ONLY = {"127.0.0.1", "localhost", "::1"}
@@ -285,36 +289,24 @@ def disk_errors(mounts, path, needed_gb, host, var, needed_for="model weights an
 #
 # They read the host's variables under the roles' own names (inventory, group_vars, host_vars,
 # extra vars: hostvars[inventory_hostname]). Where a decision needs a role's default, it is
-# here; tests/unit/test_preflight_later_roles.py keeps ROLE_DEFAULTS equal to the roles'
-# defaults/main.yml. A variable whose role default is a template (a URL built from a version)
-# is only checked when the inventory sets it: the default is valid by construction.
+# read from that role's defaults/main.yml. A variable whose role default is a template (a URL
+# built from a version) is only checked when the inventory sets it: the default is valid by
+# construction.
 
-ROLE_DEFAULTS = {
-    "grafana_install_package": True,
-    "grafana_deb_path": "",
-    "prometheus_install_method": "package",
-    "prometheus_package_versions": {"Debian-12": "2.42.0+ds-5+deb12u1", "Debian-13": "2.53.3+ds1-2"},
-    "prometheus_alert_ttft_p99_seconds": 5,
-    "prometheus_alert_queue_backlog_requests": 32,
-    "prometheus_alert_gpu_temperature_celsius": 87,
-    "prometheus_alert_model_disk_free_ratio": 0.1,
-    "node_exporter_package": "prometheus-node-exporter",
-    "node_exporter_package_versions": {"Debian-12": "1.5.0-1+b6", "Debian-13": "1.9.0-1+b4"},
-    "gpu_exporter_enabled": True,
-    "gpu_exporter_kind": "auto",
-    "gpu_exporter_dcgm_manage_repo": False,
-    "nvidia_driver_branch": "580",
-    "nvidia_driver_version": "",
-    "nvidia_driver_packages": ["nvidia-kernel-open-dkms", "nvidia-driver-cuda", "nvidia-persistenced"],
-    "nvidia_driver_power_limits": {},
-    "nvidia_driver_require_gpu": True,
-    "cuda_toolkit_version": "13.0",
-    "sglang_release_sglang_version": "0.5.23",
-    "sglang_release_router_version": "0.3.2",
-    "sglang_release_stage_model": True,
-    "sglang_release_wheelhouse": "",
-    "sglang_router_mode": "auto",
-}
+# The roles after preflight, whose defaults/main.yml sit beside this role's directory.
+LATER_ROLES = ("grafana", "prometheus", "node_exporter", "gpu_exporter", "nvidia_driver", "cuda_toolkit",
+               "sglang_release", "sglang_router")
+ROLES_DIR = Path(__file__).resolve().parents[2]
+
+
+@functools.cache
+def role_defaults() -> dict:
+    """The later roles' defaults, read from their own defaults/main.yml (no copy to drift)."""
+    defaults = {}
+    for role in LATER_ROLES:
+        defaults.update(yaml.safe_load((ROLES_DIR / role / "defaults" / "main.yml").read_text()) or {})
+    return defaults
+
 GPU_EXPORTER_KINDS = ("auto", "dcgm", "nvidia_smi", "none")
 PROMETHEUS_INSTALL_METHODS = ("package", "tarball")
 ROUTER_MODES = ("auto", "pd", "plain")
@@ -330,7 +322,7 @@ def _get(variables, name):
     """The host's value of a later role's variable, or that role's default."""
     if variables is not None and name in variables:
         return variables[name]
-    return ROLE_DEFAULTS[name]
+    return role_defaults()[name]
 
 
 def _set(variables, name):
@@ -630,31 +622,41 @@ def _speculative_block(recipe):
     return args
 
 
+def _argument_layers(recipe, model, hv, engine, index):
+    """The layers an engine's arguments come from, lowest first, each with the variable that
+    sets it (sglang_release renders them in this order)."""
+    recipe_var = f"sglang_model_recipes[{model!r}]"
+    mode_args = recipe.get("mode_args") if isinstance(recipe.get("mode_args"), dict) else {}
+    mode = engine.get("mode")
+    return [(recipe.get("args"), f"{recipe_var}.args"),
+            (_speculative_block(recipe), f"{recipe_var}.speculative"),
+            (mode_args.get(mode), f"{recipe_var}.mode_args.{mode}"),
+            (hv.get("sglang_release_engine_args"), "sglang_release_engine_args"),
+            (engine.get("args"), f"{_engine_label(engine, index)}.args")]
+
+
+def _engines(hv):
+    engines = hv.get("sglang_engines") or []
+    return [(index, engine) for index, engine in enumerate(engines if isinstance(engines, list) else [])
+            if isinstance(engine, dict)]
+
+
 def speculative_errors(hostvars, engine_hosts, recipe, model):
     """Speculative-decoding arguments must be identical on every prefill and decode engine
     (sglang_release checks the rendered arguments, after earlier plays changed hosts)."""
     if not isinstance(recipe, dict):
         return []
     recipe_var = f"sglang_model_recipes[{model!r}]"
-    mode_args = recipe.get("mode_args") if isinstance(recipe.get("mode_args"), dict) else {}
     entries = []
     for host in sorted(engine_hosts):
-        hv = hostvars[host]
-        engines = hv.get("sglang_engines") or []
-        host_args = hv.get("sglang_release_engine_args") or {}
-        for index, engine in enumerate(engines if isinstance(engines, list) else []):
-            if not isinstance(engine, dict) or engine.get("mode") not in ("prefill", "decode"):
+        for index, engine in _engines(hostvars[host]):
+            if engine.get("mode") not in ("prefill", "decode"):
                 continue
-            mode = engine["mode"]
             spec, source = {}, {}
-            for layer, var in ((recipe.get("args"), f"{recipe_var}.args"),
-                               (_speculative_block(recipe), f"{recipe_var}.speculative"),
-                               (mode_args.get(mode), f"{recipe_var}.mode_args.{mode}"),
-                               (host_args, "sglang_release_engine_args"),
-                               (engine.get("args"), f"{_engine_label(engine, index)}.args")):
+            for layer, var in _argument_layers(recipe, model, hostvars[host], engine, index):
                 for key, value in _speculative(layer).items():
                     spec[key], source[key] = value, var
-            entries.append((host, engine.get("name"), mode, spec, source))
+            entries.append((host, engine.get("name"), engine["mode"], spec, source))
     if not entries:
         return []
     errors = []
@@ -686,17 +688,10 @@ def kv_cache_errors(hostvars, engine_hosts, recipe, model):
     """Kimi-K2.5: no FP8 KV cache, from any layer of the engines' arguments."""
     if not isinstance(recipe, dict) or (model != "kimi-k2.5-int4" and recipe.get("hf_repo") != KIMI_K25_REPO):
         return []
-    recipe_var = f"sglang_model_recipes[{model!r}]"
-    mode_args = recipe.get("mode_args") if isinstance(recipe.get("mode_args"), dict) else {}
     errors = []
     for host in sorted(engine_hosts):
-        hv = hostvars[host]
-        engines = hv.get("sglang_engines") or []
-        layers = [(recipe.get("args"), f"{recipe_var}.args")]
-        layers += [(mode_args.get(mode), f"{recipe_var}.mode_args.{mode}") for mode in ("prefill", "decode", "unified")]
-        layers.append((hv.get("sglang_release_engine_args"), "sglang_release_engine_args"))
-        layers += [(engine.get("args"), f"{_engine_label(engine, index)}.args")
-                   for index, engine in enumerate(engines if isinstance(engines, list) else []) if isinstance(engine, dict)]
+        layers = [layer for index, engine in _engines(hostvars[host])
+                  for layer in _argument_layers(recipe, model, hostvars[host], engine, index)]
         for layer, var in layers:
             for key, value in (layer.items() if isinstance(layer, dict) else []):
                 if str(key).replace("_", "-") == "kv-cache-dtype" and str(value).lower().startswith("fp8"):
