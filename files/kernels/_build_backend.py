@@ -1,4 +1,6 @@
-"""setuptools' PEP 517 backend plus one step: write src/sm120_kernels/_version.py.
+"""setuptools' PEP 517 backend plus two steps: write src/sm120_kernels/_version.py,
+and drop files from setuptools' build/lib whose source is gone (it never removes
+them, so a deleted module or config would still ship in the wheel).
 
 The version is BASE+g<tree> where <tree> is the short git object id of the
 committed files/kernels tree (HEAD:files/kernels, which changes exactly when
@@ -48,6 +50,13 @@ def write_version_file() -> str:
     return version
 
 
+def prune_stale_build() -> None:
+    lib = HERE / "build" / "lib"
+    for path in sorted(lib.rglob("*"), reverse=True) if lib.is_dir() else ():
+        if path.is_file() and not (HERE / "src" / path.relative_to(lib)).is_file():
+            path.unlink()
+
+
 # setuptools reads the version (an attr of _version.py) already when asked for the build
 # requirements, so every hook writes the file first.
 def get_requires_for_build_wheel(config_settings=None):
@@ -62,6 +71,7 @@ def get_requires_for_build_sdist(config_settings=None):
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     write_version_file()
+    prune_stale_build()
     return _orig.build_wheel(wheel_directory, config_settings, metadata_directory)
 
 

@@ -33,16 +33,17 @@ def test_wheel_version_identifies_source():
         assert f"Version: {sm120_kernels.__version__}" in version_line
 
 
-def test_configs_ship_rtx_pro_6000_h200_and_default():
+def test_configs_ship_h200_and_default():
+    """A device without its own file (every RTX PRO 6000: untuned) loads
+    default.json; a file equal to default.json would only repeat it."""
     files = configs.shipped_files()
-    assert "default.json" in files
+    assert files == ["NVIDIA_H200.json", "default.json"]
+    assert configs.file_for_device("NVIDIA H200") == "NVIDIA_H200.json"
     for name in ("NVIDIA RTX PRO 6000 Blackwell Server Edition",
                  "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
-                 "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
-                 "NVIDIA H200"):
-        assert configs.file_for_device(name) == configs.device_file_name(name), name
-    assert configs.file_for_device("Some Other GPU") == "default.json"
-    assert configs.file_for_device(None) == "default.json"
+                 "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "Some Other GPU", None):
+        assert configs.file_for_device(name) == "default.json", name
+    default = {k: v for k, v in configs.load_file("default.json").items() if not k.startswith("_")}
     for f in files:
         data = configs.load_file(f)
         for fmt in ("nvfp4", "int4"):
@@ -51,6 +52,40 @@ def test_configs_ship_rtx_pro_6000_h200_and_default():
                 # packed weights (every supported model) run on the fragment kernel
                 assert cfg["gate_up"]["kernel"] == cfg["down"]["kernel"] == "frag"
                 assert cfg["gate_up"]["NT"] == cfg["down"]["NT"]
+        if f != "default.json":
+            assert {k: v for k, v in configs.load_file(f).items() if not k.startswith("_")} != default, f
+
+
+def test_every_config_key_is_shipped():
+    """An option stays only while a shipped file uses it: every key validate()
+    accepts appears in some shipped MoE file."""
+    used_gemm, used_bucket = set(), set()
+    for f in configs.shipped_files():
+        for fmt, buckets in configs.load_file(f).items():
+            if fmt.startswith("_"):
+                continue
+            for bucket in buckets.values():
+                used_bucket |= set(bucket)
+                used_gemm |= set(bucket["gate_up"]) | set(bucket["down"])
+    assert used_gemm == configs.GEMM_KEYS and used_bucket == configs.BUCKET_KEYS
+
+
+@pytest.mark.parametrize("where,key", [("bucket", "inline_align"), ("bucket", "combine_in_down"),
+                                       ("bucket", "direct"), ("down", "direct_programs_per_sm")])
+def test_config_rejects_unknown_keys(where, key):
+    """A key no shipped file uses is refused when the file loads, naming it."""
+    data = copy.deepcopy(configs.load_file("default.json"))
+    bucket = data["int4"]["64"]
+    (bucket if where == "bucket" else bucket[where])[key] = True
+    with pytest.raises(ValueError, match=r"bad.json: int4.*unknown keys \['" + key):
+        configs.validate("bad.json", data)
+
+
+def test_config_rejects_other_kernels():
+    data = copy.deepcopy(configs.load_file("default.json"))
+    data["nvfp4"]["1"]["gate_up"]["kernel"] = "mma"
+    with pytest.raises(ValueError, match=r"bad.json: nvfp4/gate_up: unknown kernel 'mma'"):
+        configs.validate("bad.json", data)
 
 
 @pytest.mark.parametrize("value", ["yes", ["gate_up", "align"], 1])
@@ -77,19 +112,6 @@ def test_config_block_ready_needs_a_dependent_down(dep):
     configs.validate("ok.json", data)
     bucket["dependent_launches"] = dep
     with pytest.raises(ValueError, match=r"bad.json: nvfp4: block_ready needs the down GEMM"):
-        configs.validate("bad.json", data)
-
-
-@pytest.mark.parametrize("flag", ["inline_align", "combine_in_down"])
-@pytest.mark.parametrize("value", [1, "yes", None])
-def test_config_flags_are_true_or_false(flag, value):
-    """inline_align and combine_in_down are true or false; anything else is
-    refused, naming the file, the format, the key and the value."""
-    data = copy.deepcopy(configs.load_file("default.json"))
-    data["int4"]["64"][flag] = True
-    configs.validate("ok.json", data)
-    data["int4"]["64"][flag] = value
-    with pytest.raises(ValueError, match=rf"bad.json: int4: {flag} is true or false, not " + re.escape(repr(value))):
         configs.validate("bad.json", data)
 
 
@@ -158,8 +180,8 @@ def test_bench_plot_writes_png(tmp_path):
 @pytest.mark.parametrize("batch", [1, 8])
 def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
     """bench --tune keeps the fastest candidate per GEMM, then at batch 1 the
-    fastest one-token grid (direct_split 1, 2, 3, top_k, the rule) or the
-    four-launch path, then the fastest register cap on it (other batches get
+    fastest one-token grid (direct_split 1, 2, 3, top_k, the rule), then the
+    fastest register cap on it (other batches get
     no one-token or register-cap keys), then per GEMM the shared-memory rings
     (at batch 1 for the down GEMM also prefetching ones), last the dependent
     launches (at batch 1 none: the prefetching down GEMM already is one).
@@ -184,7 +206,7 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
         t -= 7 * bool(down.get("prefetch")) + 0.1 * down["num_warps"] / 8  # and prefetching ones on the down
         dep = cfg.get("dependent_launches")
         t -= 0.5 * (dep is True) + 0.7 * isinstance(dep, list) + 0.3 * (down.get("pdl") is not None)
-        return t + (50 if cfg.get("direct") is False else 0)
+        return t
 
     def make(dev):
         cfg = M._BENCH_CONFIG_OVERRIDE[key]
@@ -212,7 +234,7 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
         assert any(c.get("dependent_launches") is True for c in tried)
         assert best["dependent_launches"] == ["gate_up", "down"]
     if batch == 1:
-        assert best["gate_up"]["direct_split"] == 2 and best.get("direct", True)
+        assert best["gate_up"]["direct_split"] == 2
         # before them, the register cap on that grid, per GEMM: the gate/up with
         # the scales decoded ahead, the down GEMM without (as the fake timing
         # favours; the rings then drop both keys)
@@ -221,9 +243,8 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
                    and not c["down"].get("bulk") for c in tried)
         splits = {c["gate_up"].get("direct_split") for c in tried}
         assert splits == {None, 1, 2, 3, model.top_k}
-        assert any(c.get("direct") is False for c in tried)
     else:
-        assert all("direct_split" not in c["gate_up"] and "direct" not in c for c in tried)
+        assert all("direct_split" not in c["gate_up"] for c in tried)
         assert all("maxnreg" not in c["gate_up"] and "maxnreg" not in c["down"] for c in tried)
     assert M._BENCH_CONFIG_OVERRIDE[key] == best
 
@@ -249,28 +270,21 @@ def test_exchange_trials():
 def test_dependent_trials():
     """The tuner's last stage: one token's down GEMM on the register path tries
     pdl (0 and 1 K steps asked of L2), a prefetching ring down GEMM nothing
-    more; several tokens and the four-launch path try the dependent launches,
-    all or the GEMMs only, each also with block_ready where the down GEMM
-    runs on the register path, the combine in the down GEMM (combine_in_down)
-    with the GEMMs dependent or not, and up to 8 tokens each of those without
-    the alignment launch (inline_align)."""
+    more; several tokens (or 16-token blocks at one token) try the dependent
+    launches, all or the GEMMs only, each also with block_ready where the
+    down GEMM runs on the register path."""
     from sm120_kernels import bench
 
     reg = {"gate_up": {"num_warps": 8}, "down": {"num_warps": 4, "pipe": True}}
     ring = {**reg, "down": {"num_warps": 8, "bulk": 1, "prefetch": True}}
     assert [t["down"].get("pdl") for t in bench.dependent_trials(reg, 1)] == [None, 0, 1]
     assert bench.dependent_trials(ring, 1) == [ring]
-    for cfg, batch in ((reg, 8), ({**reg, "direct": False}, 1)):
+    nt2 = {"gate_up": {"NT": 2, "num_warps": 8}, "down": {"NT": 2, "num_warps": 4, "pipe": True}}
+    for cfg, batch in ((reg, 8), (reg, 32), (nt2, 1)):
         trials = bench.dependent_trials(cfg, batch)
         gu_down = ["gate_up", "down"]
-        assert [(t.get("dependent_launches"), t.get("block_ready"), t.get("inline_align"), t.get("combine_in_down"))
-                for t in trials] == [
-            (None, None, None, None), (True, None, None, None), (gu_down, None, None, None), (True, True, None, None),
-            (gu_down, True, None, None), (None, None, None, True), (gu_down, None, None, True),
-            (True, None, True, None), (gu_down, None, True, None), (None, None, True, True), (gu_down, None, True, True)]
-    # no inline_align past 8 tokens (an expert's pairs may fill several blocks); combine_in_down at any batch
-    assert not any(t.get("inline_align") for t in bench.dependent_trials(reg, 32))
-    assert sum(bool(t.get("combine_in_down")) for t in bench.dependent_trials(reg, 32)) == 2
+        assert [(t.get("dependent_launches"), t.get("block_ready")) for t in trials] == [
+            (None, None), (True, None), (gu_down, None), (True, True), (gu_down, True)]
     # block_ready is not tried where the down GEMM runs through rings
     ring8 = {**reg, "down": {"num_warps": 1, "bulk": 2}}
     assert not any(t.get("block_ready") for t in bench.dependent_trials(ring8, 8))

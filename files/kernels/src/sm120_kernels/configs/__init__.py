@@ -24,7 +24,7 @@ reduction with four barriers per C register; the same sums in another order),
 bulk (the K loop through each warp's shared-memory ring of that many
 stages of depth K groups, copied by cp.async.bulk; pipe and scales_ahead then
 do not apply; at most 48 KB of rings per program) and, at one token,
-direct_split and direct (fused_moe_w4a16_frag), prefetch (the down GEMM's
+direct_split (fused_moe_w4a16_frag.direct_split), prefetch (the down GEMM's
 rings: its first stages copied before the gate/up GEMM ends) and pdl (the
 down GEMM's register path launched dependent on the gate/up GEMM, asking L2
 for that many K steps of its first slot first), and from several tokens on
@@ -37,13 +37,8 @@ DEPENDENT_LAUNCHES): those launches start while the launch before them
 runs (programmatic dependent launch) and wait for its outputs. block_ready
 (with "down" among them, its config on the register path): the down GEMM
 starts on each expert block once the gate/up GEMM has written all of it.
-inline_align (true or false): up to 8 tokens in 8-token blocks, with at most
-64 top-k pairs and 64 local experts, no alignment launch: each GEMM program
-works out its expert blocks from the top-k ids (warp votes); elsewhere, and
-with block_ready, the alignment launch runs as usual. combine_in_down (true or
-false; several tokens): no combine launch: the last of each down row tile's
-programs (a gpu-scope count the gate/up GEMM zeroes) sums the tokens' top-k
-rows of its columns; with block_ready the combine launch runs as usual.
+
+A key stays only while a shipped file uses it; validate() refuses the rest.
 """
 
 from __future__ import annotations
@@ -53,7 +48,11 @@ import json
 import re
 from importlib import resources
 
-KEYS = {"frag": ("NT", "num_warps", "pipe"), "mma": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")}
+REQUIRED = ("NT", "num_warps", "pipe")
+# the keys a GEMM's config and a bucket may have (tests check each is shipped)
+GEMM_KEYS = frozenset(REQUIRED) | {"kernel", "depth", "RT", "maxnreg", "scales_ahead", "one_clamp", "exchange",
+                                   "bulk", "direct_split", "prefetch", "pdl", "walkers"}
+BUCKET_KEYS = frozenset({"gate_up", "down", "dependent_launches", "block_ready"})
 DEPENDENT_LAUNCHES = ("gate_up", "down", "combine")
 
 
@@ -79,13 +78,19 @@ def validate(name: str, data: dict) -> dict:
         if fmt.startswith("_"):
             continue
         for bucket in buckets.values():
+            unknown = sorted(set(bucket) - BUCKET_KEYS)
+            if unknown:
+                raise ValueError(f"{name}: {fmt}: unknown keys {unknown}")
             for kernel in ("gate_up", "down"):
                 kind = bucket[kernel].get("kernel")
-                if kind not in KEYS:
-                    raise ValueError(f"{name}: {fmt}/{kernel}: unknown kernel {kind!r}")
-                missing = [k for k in KEYS[kind] if k not in bucket[kernel]]
+                if kind != "frag":
+                    raise ValueError(f"{name}: {fmt}/{kernel}: unknown kernel {kind!r} (only \"frag\")")
+                missing = [k for k in REQUIRED if k not in bucket[kernel]]
                 if missing:
                     raise ValueError(f"{name}: {fmt}/{kernel} lacks {missing}")
+                unknown = sorted(set(bucket[kernel]) - GEMM_KEYS)
+                if unknown:
+                    raise ValueError(f"{name}: {fmt}/{kernel}: unknown keys {unknown}")
                 walkers = bucket[kernel].get("walkers", 1)
                 if not (isinstance(walkers, int) and not isinstance(walkers, bool) and walkers >= 1):
                     raise ValueError(f"{name}: {fmt}/{kernel}: walkers is a whole number of programs from 1 on, "
@@ -96,9 +101,6 @@ def validate(name: str, data: dict) -> dict:
                                  f"{list(DEPENDENT_LAUNCHES)}, not {dep!r}")
             if bucket.get("block_ready") and not (dep is True or (isinstance(dep, list) and "down" in dep)):
                 raise ValueError(f"{name}: {fmt}: block_ready needs the down GEMM among dependent_launches")
-            for flag in ("inline_align", "combine_in_down"):
-                if not isinstance(bucket.get(flag, False), bool):
-                    raise ValueError(f"{name}: {fmt}: {flag} is true or false, not {bucket[flag]!r}")
             if bucket["gate_up"].get("NT") != bucket["down"].get("NT"):
                 raise ValueError(f"{name}: {fmt}: gate_up and down must share NT (one alignment)")
     return data
