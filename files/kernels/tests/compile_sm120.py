@@ -53,20 +53,7 @@ FRAG_SIG = {
     "stride_xm": "i64", "stride_we": "i64", "stride_wt": "i64", "stride_se": "i64", "stride_sn": "i64",
     "stride_om": "i64", "up_tiles": "i32", "g_mult": "fp32", "swiglu_limit": "fp32", "rsf": "fp32",
     "num_experts": "i32", "ready_target": "i32",
-    "cnt_ptr": "*i32", "n_cnt": "i32", "topk_ptr": "*i32", "y_ptr": "*bf16", "stride_ym": "i64", "num_tokens": "i32",
 }
-
-
-def combine_constexprs(fuse: bool, gated: bool, top_k: int, tokens: int, num_warps: int, rt: int) -> dict:
-    """combine_in_down's constexprs for one GEMM (all of them: a build names
-    every parameter): the gate/up zeroes the counts, the down GEMM combines
-    the bucket's tokens over the top-k slots."""
-    if not fuse:
-        return dict(ZERO_COUNTS=False, COMBINE=False, TB=1)
-    if gated:
-        return dict(ZERO_COUNTS=True, COMBINE=False, TB=1)
-    return dict(ZERO_COUNTS=False, COMBINE=True, TB=F.combine_tokens(tokens, num_warps, rt),
-                KP=triton.next_power_of_2(top_k))
 
 
 def _gemm_variants():
@@ -98,15 +85,9 @@ def _gemm_variants():
                     ready = F.block_ready(cfgs, frozenset(dep), model.inter // 64)
                     # exchange: the epilogue's one-round exchange of the warps' sums
                     xchg = F._exchange_asm(c["num_warps"], 8 if two else 4) if c.get("exchange") and c["NT"] == 1 else ""
-                    # inline_align: the blocks worked out from the top-k ids (no alignment launch)
-                    inline = F.inline_align(cfgs, int(bucket), model.top_k, model.local_experts)
-                    # combine_in_down: the gate/up zeroes the counts, the down GEMM's last programs combine
-                    fuse = F.combine_in_down(cfgs, ready) and int(bucket) > 1
                     yield (f"{fname}:{fmt}:{bucket}:{kernel}", F._moe_frag_kernel, sig,
                            dict(const, BULK=bulk, RING=ring, SIGNAL_READY=ready and gated,
-                                WAIT_READY=ready and not gated, XCHG=xchg, INLINE=inline,
-                                **combine_constexprs(fuse, gated, model.top_k, int(bucket), c["num_warps"],
-                                                     c.get("RT", 1))), c["num_warps"], 1)
+                                WAIT_READY=ready and not gated, XCHG=xchg), c["num_warps"], 1)
                     if bucket == "1" and c["NT"] == 1:  # one token: the two-launch path (bf16 output)
                         bulk, ring = F.ring_launch(c, k_words, two, 1)  # one activation row
                         # a dependent down GEMM (dependent_down on sm_90 and newer: through
@@ -121,8 +102,7 @@ def _gemm_variants():
                                     LAUNCH_DEPENDENTS=(prefetch or pdl) and gated, PREFETCH=prefetch and not gated,
                                     WAIT_PRIOR=pdl and not gated,
                                     L2_STEPS=int(cfgs["down"]["pdl"]) if pdl and not gated else 0,
-                                    SIGNAL_READY=False, WAIT_READY=False, XCHG="", INLINE=False,
-                                    ZERO_COUNTS=False, COMBINE=False, TB=1),
+                                    SIGNAL_READY=False, WAIT_READY=False, XCHG=""),
                                c["num_warps"], 1)
     # the tensor-core GEMM for weights that do not fit the fragment order
     for model in MODELS:

@@ -12,9 +12,8 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
 
 
 # SASS instructions per packed word in the K loop, per format (FMT 0: NVFP4, 1:
-# INT4) and NT; the shipped sm_120a builds measured NVFP4 17.3-21.0 (NT 1) and
-# 19.1 (NT 2), INT4 13.1-19.4 and 14.9 (scripts/sass_mix.py, twelfth session,
-# after the two-instruction scale decode)
+# INT4) and NT; the shipped sm_120a builds measure NVFP4 17.3-21.0 (NT 1) and
+# 19.1 (NT 2), INT4 13.1-19.4 and 14.9 (scripts/sass_mix.py)
 K_LOOP_BUDGET = {(0, 1): 22.5, (0, 2): 20.5, (1, 1): 20.5, (1, 2): 16.0}
 # through the shared-memory rings: the stage's barrier wait and refill on top
 # (the shipped H200 rings on sm_120a: NVFP4 25.9, INT4 19.75)
@@ -39,9 +38,8 @@ def test_compiles_for_sm120(variant):
     assert res["spills"] == 0, res
     if fragment:
         # Where the one-token path is issue-bound (Nsight Compute on the H200), a word's
-        # instructions are its cost, and cutting them paid at every batch (README,
-        # "Eleventh round"); the budgets (K_LOOP_BUDGET) leave a few per cent for
-        # harmless change.
+        # instructions are its cost, and cutting them paid at every batch; the
+        # budgets (K_LOOP_BUDGET) leave a few per cent for harmless change.
         words = res["loop_hmma"] // const["NT"]
         assert words > 0, ("no HMMA loop found", res)
         per_word = res["loop_instructions"] / words
@@ -53,7 +51,7 @@ def test_compiles_for_sm120(variant):
             # what the register cap is for in a pipe: ptxas keeps the step's weight
             # and scale loads half a loop or more ahead of their first use (without
             # it they are sunk to the loop's end and read at once: 0.04-0.35 of the
-            # loop in these builds; README, "Seventh round"). The rings' cap is for
+            # loop in these builds). The rings' cap is for
             # occupancy (their K loop loads from shared memory).
             dist = res["loop_load_use"]
             assert min(dist["weights"], dist["scales"]) >= 0.5, (name, dist)
@@ -88,8 +86,7 @@ def test_ring_compiles_for_sm120(case):
     const = dict(FMT=M.FORMATS.index(fmt), GATED=gated, X_IS_SORTED=not gated, HAS_LIMIT=gated, NT=1, NW=nw,
                  RT=rt, PIPE=True, DEPTH=2, EVEN_K=True, INTERP=False, DIRECT=direct, KP=8 if direct else 1,
                  SCALES_AHEAD=False, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=False, PREFETCH=False,
-                 WAIT_PRIOR=False, L2_STEPS=0, SIGNAL_READY=False, WAIT_READY=False, ONE_CLAMP=False, XCHG="",
-                 INLINE=False, ZERO_COUNTS=False, COMBINE=False, TB=1)
+                 WAIT_PRIOR=False, L2_STEPS=0, SIGNAL_READY=False, WAIT_READY=False, ONE_CLAMP=False, XCHG="")
     sig = dict(C.FRAG_SIG, s_ptr="*i16", out_ptr="*bf16" if gated or direct else "*fp32")
     r = compile_sm120(F._moe_frag_kernel, sig, const, nw, 1, sass=True)
     assert r["static_shared"] == F.ring_bytes(nw, 2, gated or rt == 2, 1 if direct else 8, 2), r["report"]
@@ -99,44 +96,6 @@ def test_ring_compiles_for_sm120(case):
     assert any(op.startswith("SYNCS") for op in ops), "no mbarrier wait in the K loop"
     assert sum(op == "LDS.128" for op in ops) >= 2 * (2 if gated or rt == 2 else 1), "words not read from the ring"
     assert not any(op.startswith("LDG") for op in ops), "a global load left in the ring's K loop"
-
-
-@pytest.mark.parametrize("model_name", ["DeepSeek-V4-Flash", "Kimi-K2.5"])
-def test_combine_in_down_compiles_for_sm120(model_name):
-    """combine_in_down on the H200's batch-8 config, with and without
-    inline_align (no shipped file sets it yet; bench --tune tries it): both
-    GEMMs within sm_120's shared memory, no spills, and the down GEMM's count
-    a gpu-scope acq_rel atomic whose last program reads the other programs'
-    rows through L2 (ld.global.cg), not the read-only path."""
-    import compile_sm120 as C
-    from sm120_compile_util import compile_sm120
-
-    from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F
-    from sm120_kernels.models import MODELS
-
-    model = next(m for m in MODELS if m.name == model_name)
-    cfgs = configs.load_file("NVIDIA_H200.json")[model.fmt]["8"]
-    for inline in (False, True):
-        for kernel, gated in (("gate_up", True), ("down", False)):
-            c = cfgs[kernel]
-            k_words = (model.hidden if gated else model.inter) // 64
-            two = gated or c.get("RT", 1) == 2
-            const = dict(FMT=M.FORMATS.index(model.fmt), GATED=gated, X_IS_SORTED=not gated,
-                         HAS_LIMIT=bool(model.swiglu_limit) and gated, NT=1, NW=c["num_warps"],
-                         RT=1 if gated else c.get("RT", 1), PIPE=c["pipe"], DEPTH=c.get("depth", 1),
-                         EVEN_K=k_words % (c["num_warps"] * c.get("depth", 1)) == 0, INTERP=False, DIRECT=False,
-                         KP=1, SCALES_AHEAD=bool(c.get("scales_ahead")), BULK=0, RING="",
-                         LAUNCH_DEPENDENTS=gated, PREFETCH=False, WAIT_PRIOR=True, L2_STEPS=0,
-                         SIGNAL_READY=False, WAIT_READY=False, ONE_CLAMP=bool(c.get("one_clamp")),
-                         XCHG=F._exchange_asm(c["num_warps"], 8 if two else 4) if c.get("exchange") else "",
-                         INLINE=inline)
-            const.update(C.combine_constexprs(True, gated, model.top_k, 8, c["num_warps"], c.get("RT", 1)))
-            sig = dict(C.FRAG_SIG, s_ptr="*i16", out_ptr="*bf16" if gated else "*fp32")
-            r = compile_sm120(F._moe_frag_kernel, sig, const, c["num_warps"], 1)
-            assert r["shared"] + r["static_shared"] <= C.SM120_SHARED_LIMIT and r["spills"] == 0, r["report"]
-            if not gated:
-                assert "atom.global.gpu.acq_rel.add" in r["ptx"], "the count is not an acq_rel atomic"
-                assert "ld.global.cg" in r["ptx"], "the combine does not read its rows from L2"
 
 
 def test_ring_falls_back_where_it_does_not_fit():

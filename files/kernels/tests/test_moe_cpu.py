@@ -85,7 +85,8 @@ def test_moe_matches_reference(interpret, fmt, kn, T, family):
 ])
 def test_one_token_direct_path(interpret, monkeypatch, fmt, kn, rt, split, ids):
     """One token: two launches (each slot its own block, the down GEMM sums the
-    slots and applies rsf) against the reference and the aligned path."""
+    slots and applies rsf) against the reference and against the aligned path
+    of 16-token blocks."""
     aligned_calls = []
     align = F.routing.moe_align
     monkeypatch.setattr(F.routing, "moe_align", lambda *a, **kw: aligned_calls.append(a) or align(*a, **kw))
@@ -95,8 +96,7 @@ def test_one_token_direct_path(interpret, monkeypatch, fmt, kn, rt, split, ids):
     limit = 0.5 if fmt == "nvfp4" else None
     out, ref, (x, W, tw) = _run(fmt, 1, E, H, I, ids, rsf=1.5, kn=kn, seed=5, cfg=cfg, limit=limit)
     assert not aligned_calls, "one token takes the path without the alignment launch"
-    aligned = M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=dict(cfg, direct=False),
-                                swiglu_limit=limit)
+    aligned = M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=CFG_FRAG2, swiglu_limit=limit)
     assert len(aligned_calls) == 1
     if (ids < 0).all():
         assert torch.count_nonzero(out) == 0 and torch.count_nonzero(ref) == 0
@@ -146,61 +146,6 @@ def test_exchange_is_bit_identical(interpret, fmt, nw, rt):
     assert torch.equal(out, M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=plain))
 
 
-@pytest.mark.parametrize("fmt,E,k,T,xchg", [("nvfp4", 6, 3, 5, True), ("int4", 40, 8, 8, False)])
-def test_inline_align_is_bit_identical(interpret, fmt, E, k, T, xchg):
-    """inline_align (each program works out the expert blocks from the top-k
-    ids, no alignment launch): the alignment launch's output bit for bit, and
-    the reference's. Ids routed elsewhere (-1, >= E) among them; the second
-    case fills both 32-bit halves of the expert and pair masks (64 pairs, 9
-    live experts on both sides of 32). Two block walkers, so a program walks
-    several blocks; the epilogue with and without the exchange."""
-    H, I = 128, 64
-    g = torch.Generator().manual_seed(11)
-    live = torch.arange(E) if E < 32 else torch.tensor([1, 2, 7, 31, 32, 33, 36, 38, 39])
-    ids = torch.stack([live[torch.randperm(len(live), generator=g)[:k]] for _ in range(T)]).to(torch.int32)
-    ids[1, 0], ids[T - 1, k - 1] = -1, E + 3
-    gu = dict(kernel="frag", NT=1, num_warps=2, pipe=True, depth=2, walkers=2, exchange=xchg)
-    plain = {"gate_up": gu, "down": dict(kernel="frag", NT=1, num_warps=2, pipe=False, depth=2, RT=2, walkers=2,
-                                         exchange=xchg)}
-    inline = dict(plain, inline_align=True)
-    assert F.inline_align(inline, T, k, E) and not F.inline_align(inline, 9, k, E)
-    out, ref, (x, W, tw) = _run(fmt, T, E, H, I, ids, rsf=1.5, seed=12, cfg=inline)
-    assert compare(out, ref).ok, compare(out, ref).detail
-    assert torch.equal(out, M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=plain))
-
-
-@pytest.mark.parametrize("fmt,T,rt,inline", [("nvfp4", 5, 2, True), ("int4", 12, 1, False)])
-def test_combine_in_down_is_bit_identical(interpret, fmt, T, rt, inline):
-    """combine_in_down (the last down program of each row tile sums the
-    tokens' rows, no combine launch): the combine launch's output bit for bit
-    (the interpreter sums the slots in the same order), and the reference's.
-    Two calls in a row, the output filled with NaN before each: each call's
-    gate/up GEMM zeroes the counts the call before left, or no program finds
-    itself last and rows stay NaN. Ids routed elsewhere (-1, >= E); two block
-    walkers, so a row tile has programs with several blocks and with none;
-    one and two down row tiles per program; 5 tokens with inline_align, 12
-    (two rounds of 8 tokens, the second partial) with the alignment launch."""
-    E, H, I, k = 6, 128, 64, 3
-    g = torch.Generator().manual_seed(13)
-    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).to(torch.int32)
-    ids[1, 0], ids[T - 1, k - 1] = -1, E + 3
-    plain = {"gate_up": dict(kernel="frag", NT=1, num_warps=2, pipe=True, depth=2, walkers=2),
-             "down": dict(kernel="frag", NT=1, num_warps=2, pipe=False, depth=2, RT=rt, walkers=2),
-             "inline_align": inline}
-    fused = dict(plain, combine_in_down=True)
-    assert F.combine_in_down(fused, False) and not F.combine_in_down(fused, True)
-    W = M.random_weights(fmt, E, H, I, "cpu", seed=14)
-    tw = torch.rand(ids.shape, generator=g) + 0.1
-    x = torch.randn((T, H), generator=g).to(torch.bfloat16)
-    want = M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=plain)
-    assert compare(want, M.moe_w4a16_reference(x, W, tw, ids, routed_scaling_factor=1.5)).ok
-    out = torch.empty((T, H), dtype=torch.bfloat16)
-    for call in range(2):
-        out.fill_(float("nan"))
-        got = M.fused_moe_w4a16(x, W, tw, ids, routed_scaling_factor=1.5, config=fused, out=out)
-        assert got.data_ptr() == out.data_ptr() and torch.equal(got, want), call
-
-
 def test_exchange_asm_layout():
     """The exchange's shared buffer: [warp][vector][lane] 16-byte vectors (a
     lane's stores and loads 16 bytes apart, so no two lanes of a quarter-warp
@@ -243,8 +188,7 @@ def test_block_walkers_cap(interpret, fmt, family, walkers):
     (6, 300, 1),  # more row tiles than SMs: one program walks all slots
 ])
 def test_direct_split_rule(k, tiles, expect):
-    """The one-token gate/up grid on a 132-SM GPU (the H200 cases measured in
-    scripts/moe_direct_ab.py and scripts/moe_tp_ab.py)."""
+    """The one-token gate/up grid on a 132-SM GPU (the H200's EP8 and TP4 cases)."""
     assert F.direct_split(k, tiles, 132, {}) == expect
     assert F.direct_split(k, tiles, 132, {"direct_split": 3}) == 3
 

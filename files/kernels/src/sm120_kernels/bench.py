@@ -136,12 +136,11 @@ def _time_trial(case, dev, do_bench, key, trial, label):
 
 def one_token_trials(cfg: dict, top_k: int) -> list:
     """Batch 1: the one-token gate/up grid (direct_split: the rule, or 1, 2, 3
-    or top_k programs per row tile sharing the token's slots) and the
-    four-launch path, on top of the tuned launch shapes."""
+    or top_k programs per row tile sharing the token's slots), on top of the
+    tuned launch shapes."""
     trials = [cfg]
     for split in sorted({1, 2, 3, top_k}):
         trials.append({**cfg, "gate_up": {**cfg["gate_up"], "direct_split": split}})
-    trials.append({**cfg, "direct": False})
     return trials
 
 
@@ -152,7 +151,7 @@ def register_cap_trials(cfg: dict, kernel: str) -> list:
     loads to the loop's end, so each step waits a full memory latency; with
     maxnreg it issues them before the step's MMAs. At one token the grids
     leave registers to spare; at 8 tokens and more the lost occupancy cost
-    more than the overlap gained on the H200 (README, "Seventh round")."""
+    more than the overlap gained on the H200."""
     capped = {**cfg[kernel], "pipe": True, "depth": 2, "maxnreg": 128}
     return [cfg, {**cfg, kernel: capped}, {**cfg, kernel: {**capped, "scales_ahead": True}}]
 
@@ -161,7 +160,7 @@ def ring_trials(cfg: dict, kernel: str, batch: int) -> list:
     """Every batch, last, per GEMM: the K loop through the warps' shared-memory
     rings (bulk: 2 stages of 2 K groups; the rings have no use for pipe's
     scales_ahead or its register cap). On the H200 that tied with or lost to
-    the register path at every batch (README, "Eighth round"); the RTX PRO
+    the register path at most batches; the RTX PRO
     6000's memory and shared memory differ, so a tune there tries it. At one
     token the down GEMM also tries rings holding its whole K whose first
     stages are copied before the gate/up GEMM ends (prefetch; 4 warps of 2
@@ -170,7 +169,7 @@ def ring_trials(cfg: dict, kernel: str, batch: int) -> list:
     won for DeepSeek-V4-Flash."""
     ring = {k: v for k, v in cfg[kernel].items() if k not in ("scales_ahead", "maxnreg")}
     trials = [cfg, {**cfg, kernel: {**ring, "bulk": 2, "depth": 2}}]
-    if kernel == "down" and batch == 1 and cfg.get("direct", True):
+    if kernel == "down" and batch == 1:
         trials += [{**cfg, kernel: {**ring, "num_warps": nw, "bulk": bulk, "depth": 4, "prefetch": True,
                                     "maxnreg": 104}} for nw, bulk in ((4, 2), (8, 1))]
     return trials
@@ -179,8 +178,7 @@ def ring_trials(cfg: dict, kernel: str, batch: int) -> list:
 def exchange_trials(cfg: dict, batch: int) -> list:
     """Several tokens with 8-token blocks: the epilogue's one-round exchange of
     the warps' sums (exchange) on the gate/up GEMM, the down GEMM, or both.
-    On the H200 it paid at batch 8-64, on one GEMM or both (README,
-    "Eighteenth round")."""
+    On the H200 it paid at batch 8-64, on one GEMM or both."""
     if batch == 1 or cfg["gate_up"].get("NT", 1) != 1:
         return [cfg]
     def with_exchange(c: dict, on: bool) -> dict:
@@ -192,30 +190,20 @@ def exchange_trials(cfg: dict, batch: int) -> list:
 
 
 def dependent_trials(cfg: dict, batch: int) -> list:
-    """Last: programmatic dependent launches (sm_90 and newer). Several tokens
-    (or the four-launch path): the GEMMs and the combine each starting while
-    the launch before them runs, all of them or the GEMMs only. One token,
-    where the down GEMM does not already prefetch through its rings: its
-    register path launched dependent on the gate/up GEMM, asking L2 for none
-    or one of its first K steps first (pdl). On the H200 both paid
-    (README, "Tenth round"). Each dependent choice also with block_ready (the
-    down GEMM starting on each expert block as soon as the gate/up GEMM has
-    finished it; README, "Twelfth round"). Up to 8 tokens in 8-token blocks,
-    each dependent choice also without the alignment launch (inline_align;
-    README, "Twentieth round"). The combine done by the down GEMM's last
-    programs (combine_in_down: no combine launch), with the GEMMs dependent
-    or not, and up to 8 tokens also with inline_align (two launches in all)."""
-    if batch == 1 and cfg.get("direct", True):
+    """Last: programmatic dependent launches (sm_90 and newer). Several tokens:
+    the GEMMs and the combine each starting while the launch before them
+    runs, all of them or the GEMMs only, each also with block_ready (the down
+    GEMM starting on each expert block as soon as the gate/up GEMM has
+    finished it). One token in 8-token blocks, where the down GEMM does not
+    already prefetch through its rings: its register path launched dependent
+    on the gate/up GEMM, asking L2 for none or one of its first K steps first
+    (pdl). On the H200 each of these paid somewhere."""
+    if batch == 1 and cfg["gate_up"].get("NT", 1) == 1:
         if cfg["down"].get("bulk"):
             return [cfg]
         return [cfg] + [{**cfg, "down": {**cfg["down"], "pdl": steps}} for steps in (0, 1)]
     deps = [{**cfg, "dependent_launches": dep} for dep in (True, ["gate_up", "down"])]
-    trials = [cfg] + deps + [{**d, "block_ready": True} for d in deps if not d["down"].get("bulk")]
-    fused = [{**d, "combine_in_down": True} for d in (cfg, deps[1])]
-    trials += [f for f in fused if f not in trials]
-    if batch <= 8 and cfg["gate_up"].get("NT", 1) == 1:
-        trials += [{**d, "inline_align": True} for d in deps + fused]
-    return trials
+    return [cfg] + deps + [{**d, "block_ready": True} for d in deps if not d["down"].get("bulk")]
 
 
 def _fastest(case, dev, do_bench, key, trials, what):
@@ -258,7 +246,7 @@ def _tune(case, dev, do_bench):
     best = min(winners, key=lambda t: t[0])[1]
     if case.batch == 1 and best["gate_up"].get("NT", 1) == 1:
         best = _fastest(case, dev, do_bench, key, one_token_trials(best, model.top_k), "one-token grid")
-        for kernel in ("gate_up", "down") if best.get("direct", True) else ():
+        for kernel in ("gate_up", "down"):
             best = _fastest(case, dev, do_bench, key, register_cap_trials(best, kernel), f"{kernel} register cap")
     for kernel in ("gate_up", "down"):
         best = _fastest(case, dev, do_bench, key, ring_trials(best, kernel, case.batch), f"{kernel} ring")

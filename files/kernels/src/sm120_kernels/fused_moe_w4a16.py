@@ -495,8 +495,8 @@ def _use_asm() -> bool:
 # or 64 columns; no supported model) run on the tensor-core GEMM with these
 # tiles (they fit sm_120's shared memory).
 TENSOR_CORE_CONFIG = {
-    fmt: {"gate_up": dict(kernel="mma", BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4),
-          "down": dict(kernel="mma", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=3)}
+    fmt: {"gate_up": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4),
+          "down": dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=3)}
     for fmt in FORMATS
 }
 

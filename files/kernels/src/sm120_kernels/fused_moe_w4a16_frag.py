@@ -572,7 +572,7 @@ def _int4_scales(v, ok, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
 #
 # The register path holds the bytes in flight in registers, and ptxas decides
 # where their loads issue (under its default register budget at the loop's
-# end: README, "Seventh round"). With BULK stages, each warp instead streams
+# end, so each step waits a full memory latency). With BULK stages, each warp instead streams
 # its own contiguous share of K through a ring of BULK stages of DEPTH K groups
 # in a static shared buffer: lane 0 copies a stage's words and scales
 # (cp.async.bulk, sm_90 and later), the lanes of the valid token slots their
@@ -653,33 +653,6 @@ def block_ready(cfg: dict, dep: frozenset, down_kg: int) -> bool:
     (dependent_launches has "down") on the register path (a ring's bulk
     copies would need the async proxy ordered after the count)."""
     return bool(cfg.get("block_ready")) and "down" in dep and not ring_launch(cfg["down"], down_kg, False, 8)[0]
-
-
-def inline_align(cfg: dict, tokens: int, top_k: int, experts: int) -> bool:
-    """Whether the GEMMs work out the expert blocks from the top-k ids
-    themselves, with no alignment launch (whole-config key "inline_align"):
-    only with 8-token blocks and at most 8 tokens (so each block is one
-    expert's pairs), and at most 64 pairs and 64 local experts (one 64-bit
-    mask each; DeepSeek-V4-Flash and Kimi-K2.5 under EP8 at batch 8). Not
-    with block_ready, whose counts the alignment zeroes."""
-    return (bool(cfg.get("inline_align")) and not cfg.get("block_ready") and cfg["gate_up"]["NT"] == 1
-            and tokens <= 8 and tokens * top_k <= 64 and experts <= 64)
-
-
-def combine_in_down(cfg: dict, ready: bool) -> bool:
-    """Whether the down GEMM does the combine itself, with no combine launch
-    (whole-config key "combine_in_down", several tokens): the last of each
-    row tile's programs sums the tokens' top-k rows of its columns. Not with
-    block_ready (ready): its down programs start before the gate/up GEMM,
-    which zeroes the counts, is done."""
-    return bool(cfg.get("combine_in_down")) and not ready
-
-
-def combine_tokens(tokens: int, num_warps: int, rt: int) -> int:
-    """combine_in_down: the tokens the last program combines at a time (a
-    power of two), about four of a slot's values per thread over its 16 rt
-    columns, at most the batch."""
-    return max(1, min(triton.next_power_of_2(tokens), 4 * 32 * num_warps // (16 * rt)))
 
 
 def dependent_down(cfg: dict, kg: int, device) -> bool:
@@ -850,163 +823,6 @@ def _l2_ask(p):
     """Ask L2 for the line at p; no register waits for it."""
     tl.inline_asm_elementwise(asm="prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", constraints="=r,l", args=[p],
                               dtype=tl.int32, is_pure=False, pack=1)
-
-
-# Inline alignment (inline_align): at most 8 tokens in 8-token blocks, at most
-# 64 (token, slot) pairs and 64 local experts. Then each block is one live
-# expert's pairs (a token's top-k ids are distinct, so no expert has more than
-# 8), blocks in ascending expert order, a block's slots its pairs in pair
-# order: moe_align's blocks, worked out by each program from the top-k ids
-# with warp votes instead of an alignment launch. A mask pair (lo, hi) holds
-# 64 bits: bit b of lo is expert (or pair) b, bit b of hi b + 32. Each lane
-# reads pairs lane and lane + 32 itself (%laneid), so the results are the same
-# in every thread and the kernel takes them as scalars.
-_INLINE_LOADS = """mov.u32 l, %laneid;
-        mov.b32 a, -1;
-        mov.b32 b, -1;
-        mul.wide.u32 ad, l, 4;
-        add.s64 ad, ad, {ptr};
-        setp.lt.s32 q, l, {n};
-        @q ld.global.b32 a, [ad];
-        add.s32 t, l, 32;
-        setp.lt.s32 q, t, {n};
-        @q ld.global.b32 b, [ad+128];"""
-# -> (lo, hi, count) of the live experts (ids in [0, E)); a shift of 32 or
-# more (and so of any negative id) gives 0
-_INLINE_SCAN = tl.constexpr("""{
-        .reg .pred q;
-        .reg .b32 l, a, b, t, u, one;
-        .reg .b64 ad;
-        """ + _INLINE_LOADS.format(ptr="$3", n="$4") + """
-        setp.ge.s32 q, a, $5;
-        @q mov.b32 a, -1;
-        setp.ge.s32 q, b, $5;
-        @q mov.b32 b, -1;
-        mov.b32 one, 1;
-        shl.b32 t, one, a;
-        shl.b32 u, one, b;
-        or.b32 t, t, u;
-        redux.sync.or.b32 $0, t, 0xffffffff;
-        sub.s32 a, a, 32;
-        sub.s32 b, b, 32;
-        shl.b32 t, one, a;
-        shl.b32 u, one, b;
-        or.b32 t, t, u;
-        redux.sync.or.b32 $1, t, 0xffffffff;
-        popc.b32 t, $0;
-        popc.b32 u, $1;
-        add.s32 $2, t, u;
-        }""")
-# -> (lo, hi) of the pairs routed to expert $3
-_INLINE_MEMBERS = tl.constexpr("""{
-        .reg .pred q;
-        .reg .b32 l, a, b, t;
-        .reg .b64 ad;
-        """ + _INLINE_LOADS.format(ptr="$2", n="$4") + """
-        setp.eq.s32 q, a, $3;
-        vote.sync.ballot.b32 $0, q, 0xffffffff;
-        setp.eq.s32 q, b, $3;
-        vote.sync.ballot.b32 $1, q, 0xffffffff;
-        }""")
-# -> the position of set bit $3 (from 0) of (lo, hi), or $4 if it has fewer
-_NTH_SET = tl.constexpr("""{
-        .reg .pred q;
-        .reg .b32 n, o, f;
-        popc.b32 n, $1;
-        add.s32 o, $3, 1;
-        fns.b32 $0, $1, 0, o;
-        sub.s32 o, o, n;
-        fns.b32 f, $2, 0, o;
-        setp.eq.s32 q, f, -1;
-        add.s32 f, f, 32;
-        @q mov.b32 f, $4;
-        setp.ge.s32 q, $3, n;
-        @q mov.b32 $0, f;
-        }""")
-
-
-@triton.jit
-def _or(a, b):
-    return a | b
-
-
-@triton.jit
-def _popc(v):
-    """Set bits of an int32 (the interpreter's popc)."""
-    v = v.to(tl.uint32, bitcast=True)
-    v = v - ((v >> 1) & 0x55555555)
-    v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
-    v = (v + (v >> 4)) & 0x0F0F0F0F
-    v = v + (v >> 8)
-    v = v + (v >> 16)
-    return (v & 63).to(tl.int32)
-
-
-@triton.jit
-def _pair_ids(ids_ptr, num_valid):
-    """The interpreter's view of the pairs: (index, top-k id or -1) of all 64."""
-    p = tl.arange(0, 64)
-    return p, tl.load(ids_ptr + p, mask=p < num_valid, other=-1)
-
-
-@triton.jit
-def _inline_scan(ids_ptr, num_valid, num_experts, INTERP: tl.constexpr):
-    """(lo, hi, count) of the experts with pairs among the num_valid top-k ids."""
-    if INTERP:
-        p, ids = _pair_ids(ids_ptr, num_valid)
-        live = (ids >= 0) & (ids < num_experts)
-        lo = tl.reduce(tl.where(live & (ids < 32), 1 << (ids % 32), 0), 0, _or)
-        hi = tl.reduce(tl.where(live & (ids >= 32), 1 << (ids % 32), 0), 0, _or)
-        return lo, hi, _popc(lo) + _popc(hi)
-    else:
-        return tl.inline_asm_elementwise(asm=_INLINE_SCAN, constraints="=r,=r,=r,l,r,r",
-                                         args=[ids_ptr, num_valid, num_experts], dtype=(tl.int32, tl.int32, tl.int32),
-                                         is_pure=True, pack=1)
-
-
-@triton.jit
-def _inline_members(ids_ptr, e, num_valid, INTERP: tl.constexpr):
-    """(lo, hi) of the pairs routed to expert e."""
-    if INTERP:
-        p, ids = _pair_ids(ids_ptr, num_valid)
-        hit = (ids == e) & (p < num_valid)
-        lo = tl.reduce(tl.where(hit & (p < 32), 1 << (p % 32), 0), 0, _or)
-        hi = tl.reduce(tl.where(hit & (p >= 32), 1 << (p % 32), 0), 0, _or)
-        return lo, hi
-    else:
-        return tl.inline_asm_elementwise(asm=_INLINE_MEMBERS, constraints="=r,=r,l,r,r", args=[ids_ptr, e, num_valid],
-                                         dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
-
-
-@triton.jit
-def _mask_bits(lo, hi):
-    """The interpreter's view of a mask pair: bit b of the 64 (b, set)."""
-    b = tl.arange(0, 64)
-    return b, tl.where(b < 32, lo >> (b % 32), hi >> (b % 32)) & 1
-
-
-@triton.jit
-def _nth_set(lo, hi, n, none, INTERP: tl.constexpr):
-    """Per thread: the position of set bit n (from 0) of the mask pair, none
-    if fewer are set."""
-    if INTERP:
-        b, bit = _mask_bits(lo, hi)
-        hit = (bit == 1)[None, :] & ((tl.cumsum(bit, 0) - bit)[None, :] == n[:, None])
-        return tl.where(tl.sum(hit.to(tl.int32), 1) > 0, tl.sum(tl.where(hit, b[None, :], 0), 1), none)
-    else:
-        return tl.inline_asm_elementwise(asm=_NTH_SET, constraints="=r,r,r,r,r", args=[lo, hi, n, n * 0 + none],
-                                         dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _nth_expert(lo, hi, n, INTERP: tl.constexpr):
-    """The position of set bit n (a scalar below the count) of the mask pair."""
-    if INTERP:
-        b, bit = _mask_bits(lo, hi)
-        return tl.sum(tl.where((bit == 1) & (tl.cumsum(bit, 0) - bit == n), b, 0))
-    else:
-        return tl.inline_asm_elementwise(asm=_NTH_SET, constraints="=r,r,r,r,r", args=[lo, hi, n, n * 0 - 1],
-                                         dtype=tl.int32, is_pure=True, pack=1)
 
 
 # --------------------------------------------------------------------------
@@ -1278,8 +1094,7 @@ def _reg_k_loop(acc0, acc1, wp0, wp1, sp0, sp1, xb, xb2, valid, valid2, warp, KG
     # of the next step's loads, then this step's MMAs. Where ptxas puts
     # the loads is its choice: under its default register budget it
     # sinks them to the loop's end (each step then waits a full memory
-    # latency); a launch with maxnreg lets it keep them first (README,
-    # "Seventh round").
+    # latency); a launch with maxnreg lets it keep them first.
     kg = warp
     step = NW * DEPTH
     src = (wp0, wp1, sp0, sp1, xb, xb2, valid, valid2)
@@ -1443,65 +1258,19 @@ def _ring_k_loop(acc0, acc1, rb, cnt, t, wb0, wb1, sb0, sb1, xrow0, xrow1, valid
 
 
 @triton.jit
-def _local_slots(ids_ptr, tok, num_tokens, top_k, num_local, KP: tl.constexpr):
-    """Per token of tok, the bit mask of its top-k slots routed to this rank's
-    experts (ids -1 or out of range are other ranks')."""
-    j = tl.arange(0, KP)
-    eid = tl.load(ids_ptr + tok[:, None] * top_k + j[None, :],
-                  mask=(tok[:, None] < num_tokens) & (j[None, :] < top_k), other=-1)
-    return tl.sum(tl.where((eid >= 0) & (eid < num_local), 1 << j[None, :], 0), axis=1)
-
-
-@triton.jit
-def _combine_round(buf_ptr, y_ptr, tok, slots, num_tokens, top_k, rsf, stride_bm, stride_ym, c,
-                    C: tl.constexpr, TB: tl.constexpr, KP: tl.constexpr, INTERP: tl.constexpr):
-    """y[tok, c] = rsf * the fp32 rows buf[tok * top_k + j, c] summed over the
-    slots j set in slots, in slot order, as bf16 (what _combine_kernel
-    writes). A slot's loads do not wait for another's (unrolled). The rows are
-    other programs' stores of this launch: read from L2 (.cg), never the
-    read-only path."""
-    acc = tl.zeros((TB, C), tl.float32)
-    for j in tl.static_range(KP):
-        local = ((slots >> j) & 1) != 0
-        acc += tl.load(buf_ptr + (tok * top_k + j).to(tl.int64)[:, None] * stride_bm + c[None, :],
-                       mask=local[:, None], other=0.0, cache_modifier=".cg")
-    # the routed scaling factor is applied here, exactly once
-    tl.store(y_ptr + tok.to(tl.int64)[:, None] * stride_ym + c[None, :], _to_bf16(acc * rsf, INTERP),
-             mask=(tok < num_tokens)[:, None])
-
-
-@triton.jit
-def _combine_columns(buf_ptr, ids_ptr, y_ptr, slots0, num_tokens, top_k, num_local, rsf, stride_bm, stride_ym,
-                     col0, C: tl.constexpr, TB: tl.constexpr, KP: tl.constexpr, INTERP: tl.constexpr):
-    """The combine for columns col0 .. col0 + C of every token, TB tokens at a
-    time (combine_tokens: a few values per thread, so the program's registers
-    stay the K loop's); slots0: the first TB tokens' local slots, loaded
-    before (_local_slots)."""
-    tb = tl.arange(0, TB)
-    c = col0 + tl.arange(0, C)
-    _combine_round(buf_ptr, y_ptr, tb, slots0, num_tokens, top_k, rsf, stride_bm, stride_ym, c, C, TB, KP, INTERP)
-    for t0 in range(TB, num_tokens, TB):
-        slots = _local_slots(ids_ptr, t0 + tb, num_tokens, top_k, num_local, KP)
-        _combine_round(buf_ptr, y_ptr, t0 + tb, slots, num_tokens, top_k, rsf, stride_bm, stride_ym, c, C, TB, KP,
-                        INTERP)
-
-
-@triton.jit
 def _moe_frag_kernel(
     x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, ready_ptr,
     num_valid, top_k, KG,
     stride_xm, stride_we, stride_wt, stride_se, stride_sn, stride_om,
     up_tiles, g_mult, swiglu_limit, rsf, num_experts, ready_target,
-    cnt_ptr, n_cnt, topk_ptr, y_ptr, stride_ym, num_tokens,
     FMT: tl.constexpr, GATED: tl.constexpr, X_IS_SORTED: tl.constexpr, HAS_LIMIT: tl.constexpr,
     NT: tl.constexpr, NW: tl.constexpr, RT: tl.constexpr, PIPE: tl.constexpr, DEPTH: tl.constexpr,
     EVEN_K: tl.constexpr, INTERP: tl.constexpr, DIRECT: tl.constexpr = False, KP: tl.constexpr = 1,
     SCALES_AHEAD: tl.constexpr = False, BULK: tl.constexpr = 0, RING: tl.constexpr = "",
     LAUNCH_DEPENDENTS: tl.constexpr = False, PREFETCH: tl.constexpr = False, WAIT_PRIOR: tl.constexpr = False,
     L2_STEPS: tl.constexpr = 0, SIGNAL_READY: tl.constexpr = False, WAIT_READY: tl.constexpr = False,
-    ONE_CLAMP: tl.constexpr = False, XCHG: tl.constexpr = "", INLINE: tl.constexpr = False,
-    ZERO_COUNTS: tl.constexpr = False, COMBINE: tl.constexpr = False, TB: tl.constexpr = 1,
+    ONE_CLAMP: tl.constexpr = False, XCHG: tl.constexpr = "",
 ):
     """Program (row tiles, expert-block walker). GATED: output rows 16 pid0 ..
     + 16 of the gate and the same rows of the up projection (up_tiles row tiles
@@ -1539,23 +1308,7 @@ def _moe_frag_kernel(
     XCHG (_exchange_asm; NT 1, not DIRECT): a block's epilogue exchanges the
     warps' partial sums of every C register in one round through a static
     shared buffer, and warp w finishes C registers w, w + NW, ...; else one
-    tl.sum over the warps per C register.
-
-    INLINE (inline_align; NT 1, not DIRECT, no block_ready): no alignment
-    launch; expert_ids_ptr is the flat top-k ids, and each program works out
-    the blocks from them (_inline_scan, _inline_members, _nth_set): block mb
-    is the mb-th live expert, its slots that expert's pairs in order, as
-    moe_align's.
-
-    COMBINE (combine_in_down; the down GEMM, several tokens, not with
-    WAIT_READY): no combine launch. Each program, once its blocks' rows are
-    stored, counts itself at cnt_ptr[pid0] (acq_rel); the last of the row
-    tile's programs sums every token's top-k rows of those columns (topk_ptr:
-    the flat top-k ids, TB tokens at a time) times rsf into the bf16 y_ptr,
-    as the combine launch does. ZERO_COUNTS (the gate/up GEMM before it):
-    program (0, 0) zeroes those n_cnt counts; the down GEMM reads none of
-    them before the whole gate/up launch is done (stream order, or its
-    dependent wait)."""
+    tl.sum over the warps per C register."""
     BM: tl.constexpr = 8 * NT
     TWO: tl.constexpr = GATED or RT == 2
     EXCHANGE: tl.constexpr = XCHG != ""  # the host sets XCHG only for NT 1, not DIRECT
@@ -1582,16 +1335,11 @@ def _moe_frag_kernel(
         ids_vec = tl.load(expert_ids_ptr + kidx, mask=kidx < top_k, other=-1)
         tw_vec = tl.load(tw_ptr + kidx, mask=kidx < top_k, other=0.0)
     else:
-        if INLINE and not GATED:  # the top-k ids do not come from the gate/up GEMM: no wait first
-            elo, ehi, nblk = _inline_scan(expert_ids_ptr, num_valid, num_experts, INTERP)
         if WAIT_PRIOR and not WAIT_READY:  # the alignment's (or the gate/up GEMM's) outputs
             tl.extra.cuda.gdc_wait()
-        if INLINE and GATED:  # the ids may be the launch before's (the routing's) outputs
-            elo, ehi, nblk = _inline_scan(expert_ids_ptr, num_valid, num_experts, INTERP)
-        if not INLINE:
-            # WAIT_READY: the alignment ended before any gate/up program let this
-            # launch start; its count read from L2, not a cached line
-            nblk = tl.load(num_post_ptr, volatile=WAIT_READY) // BM
+        # WAIT_READY: the alignment ended before any gate/up program let this
+        # launch start; its count read from L2, not a cached line
+        nblk = tl.load(num_post_ptr, volatile=WAIT_READY) // BM
     x32 = x_ptr.to(tl.pointer_type(tl.int32))
     l32 = tl.arange(0, 32)
     # DIRECT down: the token's sums over its slots (C rows gi and gi + 8 of
@@ -1604,10 +1352,6 @@ def _moe_frag_kernel(
     rb = t * 0
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()
-    if ZERO_COUNTS:  # combine_in_down's counts, zeroed after this launch's wait (never under a prior kernel)
-        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-            for z in range(0, n_cnt, 32 * NW):
-                tl.store(cnt_ptr + z + t, 0, mask=z + t < n_cnt)
     if BULK > 0:
         rb = tl.inline_asm_elementwise(asm=RING, constraints="=r,r", args=[t], dtype=tl.int32, is_pure=True, pack=1)
         for sl in tl.static_range(BULK):
@@ -1650,14 +1394,8 @@ def _moe_frag_kernel(
                 _ready_wait(ready_ptr + mb + t * 0, ready_target)
             live = mb >= 0
             # the lane's B column: token slot gi (and gi + 8) of this block
-            if INLINE:
-                e_in = _nth_expert(elo, ehi, mb, INTERP)
-                mlo, mhi = _inline_members(expert_ids_ptr, e_in, num_valid, INTERP)
-                e = e_in.to(tl.int64)
-                sid = _nth_set(mlo, mhi, gi, num_valid, INTERP)
-            else:
-                e = tl.load(expert_ids_ptr + mb).to(tl.int64)
-                sid = tl.load(sorted_ids_ptr + mb * BM + gi)
+            e = tl.load(expert_ids_ptr + mb).to(tl.int64)
+            sid = tl.load(sorted_ids_ptr + mb * BM + gi)
         valid = sid < num_valid
         if live:
             if X_IS_SORTED:
@@ -1723,12 +1461,8 @@ def _moe_frag_kernel(
                 # (_exchange_asm), then each warp finishes its own C registers
                 # j = warp, warp + NW, ... (not every warp all four)
                 slot_t = mb * BM + 2 * tq
-                if INLINE:
-                    sid_te = _nth_set(mlo, mhi, 2 * tq, num_valid, INTERP)
-                    sid_to = _nth_set(mlo, mhi, 2 * tq + 1, num_valid, INTERP)
-                else:
-                    sid_te = tl.load(sorted_ids_ptr + slot_t)
-                    sid_to = tl.load(sorted_ids_ptr + slot_t + 1)
+                sid_te = tl.load(sorted_ids_ptr + slot_t)
+                sid_to = tl.load(sorted_ids_ptr + slot_t + 1)
                 if not GATED:
                     tw_te = tl.load(tw_ptr + sid_te, mask=sid_te < num_valid, other=0.0)
                     tw_to = tl.load(tw_ptr + sid_to, mask=sid_to < num_valid, other=0.0)
@@ -1770,10 +1504,7 @@ def _moe_frag_kernel(
                 if DIRECT:  # block mb holds slot mb in column 0 only (GATED here)
                     okj = slot == mb * BM
                 else:
-                    if INLINE:
-                        sidj = _nth_set(mlo, mhi, 2 * (l32 % 4) + (j % 2), num_valid, INTERP)
-                    else:
-                        sidj = tl.load(sorted_ids_ptr + slot)
+                    sidj = tl.load(sorted_ids_ptr + slot)
                     okj = sidj < num_valid
                 if GATED:
                     gate = v0
@@ -1792,17 +1523,6 @@ def _moe_frag_kernel(
             if SIGNAL_READY:  # every thread's stores of this block, then one count
                 tl.debug_barrier()
                 _ready_signal(ready_ptr + mb + t * 0, t == 0)
-    if COMBINE:
-        # the first tokens' local slots, should this program be the last (loaded
-        # beside the count's round trip, not after it)
-        slots0 = _local_slots(topk_ptr, tl.arange(0, TB), num_tokens, top_k, num_experts, KP)
-        # every thread's stores, then one count (acq_rel: releases this program's
-        # rows; the last one acquires every other program's)
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
-        if done == tl.num_programs(1) - 1:
-            _combine_columns(out_ptr, topk_ptr, y_ptr, slots0, num_tokens, top_k, num_experts, rsf, stride_om,
-                             stride_ym, tile0 * 16, 16 * RT, TB, KP, INTERP)
     if DIRECT and not GATED:
         # the token's output row, the routed scaling factor applied here once
         # (slots routed elsewhere leave zeros)
@@ -1819,16 +1539,20 @@ def _moe_frag_kernel(
 # Host side
 # --------------------------------------------------------------------------
 
+# one token's gate/up: one program per top-k slot while these fit per SM
+DIRECT_PROGRAMS_PER_SM = 2
+
+
 def direct_split(top_k: int, tiles: int, sms: int, cfg: dict) -> int:
     """Programs per gate/up row tile that share one token's top-k slots (each
     walks its share). One program per slot when those fit in
-    direct_programs_per_sm (2) per SM: under TP every slot is local and there
+    DIRECT_PROGRAMS_PER_SM per SM: under TP every slot is local and there
     are few row tiles. Else just enough per row tile for one program per SM:
     under EP most slots are routed to other ranks, and their programs only
     take block slots. cfg "direct_split" fixes it."""
     if cfg.get("direct_split"):
         split = cfg["direct_split"]
-    elif top_k * tiles <= cfg.get("direct_programs_per_sm", 2) * sms:
+    elif top_k * tiles <= DIRECT_PROGRAMS_PER_SM * sms:
         split = top_k
     else:
         split = triton.cdiv(sms, tiles)
@@ -1836,8 +1560,7 @@ def direct_split(top_k: int, tiles: int, sms: int, cfg: dict) -> int:
 
 
 def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
-               rsf=1.0, direct=False, launch_dependents=False, wait_prior=False, scale_shift=0, ready=None,
-               inline=False, counts=None, combine_into=None):
+               rsf=1.0, direct=False, launch_dependents=False, wait_prior=False, scale_shift=0, ready=None):
     """One GEMM launch. align: moe_align's (sorted ids, expert ids, count);
     direct: one token, align = (its top-k ids,) * 3 (see the kernel's DIRECT).
     launch_dependents: let the next launch start now (one token's gate/up
@@ -1845,11 +1568,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     scale fragments' power of two (W4A16Weights.shift13 / shift2). ready:
     block_ready's counts (moe_align's fourth output): the gate/up GEMM counts
     its finished row tiles per block there, the down GEMM (wait_prior) waits
-    for each block's. inline: align = (the flat top-k ids,) * 3, and the
-    kernel works out the blocks (inline_align). counts: combine_in_down's
-    int32 count per down row tile; the gate/up GEMM zeroes them, the down GEMM
-    with combine_into = (flat top-k ids, bf16 output [T, H], T) counts its
-    programs there, and the last per row tile writes that tile's output."""
+    for each block's."""
     sorted_ids, expert_ids = align[0], align[1]
     E, RT, KG = Wf.shape[:3]
     assert cfg.get("kernel") == "frag", f"packed weights need a fragment-kernel config, not {cfg}"
@@ -1882,29 +1601,20 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         # then walks several blocks when more exist; the others exit at once)
         grid = (tiles, max(1, min(expert_ids.shape[0], E, num_valid, cfg.get("walkers") or E)))
     wait_ready = ready is not None and not gated
-    assert not inline or (nt == 1 and not direct and ready is None), "inline_align: 8-token blocks, no block_ready"
     assert not wait_ready or (wait_prior and not bulk), "block_ready: a dependent down GEMM on the register path"
-    fuse = combine_into is not None
-    assert not fuse or (counts is not None and not gated and not direct and not wait_ready
-                        and counts.numel() == tiles and combine_into[1].stride(1) == 1), "combine_in_down"
-    zero = counts is not None and gated
-    cnt = counts if counts is not None else align[2]
-    ids, y, n_tok = combine_into if fuse else (align[2], out, 0)
     _moe_frag_kernel[grid](
         x, Wf, s, g, out, tw, sorted_ids, expert_ids, align[2], align[2] if ready is None else ready,
         num_valid, top_k, KG,
         x.stride(0) // 2, Wf.stride(0), Wf.stride(1), s.stride(0), s.stride(1), out.stride(0),
         (RT // 2) if gated else 0, (128.0 if (fmt == "nvfp4" and not _interpreting()) else 1.0) * 2.0**scale_shift,
         float(swiglu_limit or 0.0), float(rsf), E, x.shape[1] // 16 if wait_ready else 0,
-        cnt, cnt.numel() if zero else 0, ids, y, y.stride(0), n_tok,
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
         NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=depth, EVEN_K=KG % (nw * depth) == 0,
-        INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct or fuse else 1,
+        INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
         SCALES_AHEAD=scales_ahead, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=launch_dependents, PREFETCH=prefetch,
         WAIT_PRIOR=wait_prior, L2_STEPS=int(cfg.get("pdl") or 0) if wait_prior and direct else 0,
         SIGNAL_READY=ready is not None and gated, WAIT_READY=wait_ready,
-        ONE_CLAMP=bool(cfg.get("one_clamp")), INLINE=inline,
-        ZERO_COUNTS=zero, COMBINE=fuse, TB=combine_tokens(n_tok, nw, rt) if fuse else 1,
+        ONE_CLAMP=bool(cfg.get("one_clamp")),
         XCHG=_exchange_asm(nw, 8 if gated or rt == 2 else 4) if cfg.get("exchange") and nt == 1 and not direct else "",
         num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch or wait_prior else {}),
         **register_cap(cfg),
@@ -1917,9 +1627,8 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
     """fused_moe_w4a16 for fragment-packed weights (make_weights packs them);
     config: {"gate_up": cfg, "down": cfg} with kernel "frag", NT, num_warps,
     pipe and (down) RT, as in configs/*.json (one token's gate/up:
-    "direct_programs_per_sm" bounds a program per slot, "direct_split" fixes
-    the programs per row tile that share the token's slots); "direct": False
-    turns off the two-launch path for one token (on by default)."""
+    "direct_split" fixes the programs per row tile that share the token's
+    slots). One token in 8-token blocks takes two launches (direct)."""
     from .configs import get_config
 
     assert weights.packed
@@ -1936,7 +1645,7 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
     topk_ids = topk_ids.to(torch.int32).contiguous()
     topk_weights = topk_weights.float().contiguous()
     num_valid = T * k
-    if T == 1 and bm == 8 and cfg.get("direct", True):
+    if T == 1 and bm == 8:
         # one token: each top-k slot is its own block (no alignment launch) and
         # the down GEMM sums the slots itself (no combine launch)
         ids = (topk_ids,) * 3
@@ -1952,32 +1661,16 @@ def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, ro
                    scale_shift=weights.shift2)
         return out
     dep = dependent_launches(cfg, x.device)
-    inline = inline_align(cfg, T, k, E)
-    if inline:  # no alignment launch: the GEMMs work out the blocks from the ids
-        flat = topk_ids.view(-1)
-        align, ready, rows = (flat, flat, flat), None, min(E, num_valid) * bm
-    else:
-        by_block = block_ready(cfg, dep, weights.w2.shape[2])
-        align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep, ready=by_block)
-        ready = align[3] if by_block else None
-        rows = align[0].shape[0]
-    # combine_in_down: one count per down row tile, zeroed by the gate/up GEMM. With
-    # "combine" among the dependent launches the down GEMM still lets the launch after
-    # it start early (its wait keeps it off this call's outputs)
-    fuse = combine_in_down(cfg, ready is not None)
-    counts = torch.empty(H // 16 // cfg["down"].get("RT", 1), dtype=torch.int32, device=x.device) if fuse else None
-    inter = torch.empty((rows, I), dtype=torch.bfloat16, device=x.device)
+    by_block = block_ready(cfg, dep, weights.w2.shape[2])
+    align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep, ready=by_block)
+    ready = align[3] if by_block else None
+    inter = torch.empty((align[0].shape[0], I), dtype=torch.bfloat16, device=x.device)
     _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, align, k, I, weights.fmt,
                cfg["gate_up"], True, False, swiglu_limit, num_valid, launch_dependents="down" in dep,
-               wait_prior="gate_up" in dep, scale_shift=weights.shift13, ready=ready, inline=inline, counts=counts)
+               wait_prior="gate_up" in dep, scale_shift=weights.shift13, ready=ready)
     buf = torch.empty((num_valid, H), dtype=torch.float32, device=x.device)
-    if fuse and out is None:
-        out = torch.empty((T, H), dtype=torch.bfloat16, device=x.device)
     _frag_gemm(inter, weights.w2, weights.s2, weights.g2, buf, topk_weights, align, k, H, weights.fmt,
                cfg["down"], False, True, None, num_valid, rsf=routed_scaling_factor,
                launch_dependents="combine" in dep, wait_prior="down" in dep,
-               scale_shift=weights.shift2, ready=ready, inline=inline, counts=counts,
-               combine_into=(topk_ids.view(-1), out, T) if fuse else None)
-    if fuse:
-        return out
+               scale_shift=weights.shift2, ready=ready)
     return combine(buf, topk_ids, E, routed_scaling_factor, out, wait_prior="combine" in dep)
