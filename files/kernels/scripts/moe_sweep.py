@@ -7,7 +7,7 @@ checked against the reference first.
     PYTHONPATH=src python3 scripts/moe_sweep.py [--both | --only-both] [--key KEY] [--part GEMM] [--var JSON]
         [--top JSON] [--model NAME] [--device-name NAME] [batch ...]
 
---top merges whole-config keys ("direct", or a GEMM's keys under its name)
+--top merges whole-config keys ("dependent_launches", or a GEMM's keys under its name)
 into the shipped config, one variant each; with --top and no --var only those
 variants run.
 """
@@ -64,7 +64,7 @@ def main():
                     help='a variant to try instead of VARIANTS, e.g. \'{"maxnreg": 96}\' (repeatable)')
     ap.add_argument("--model", help="only the models whose name contains this")
     ap.add_argument("--top", action="append", type=json.loads, metavar="JSON", default=[],
-                    help='whole-config keys, e.g. \'{"direct": true, "gate_up": {"direct_split": 2}}\' (repeatable)')
+                    help='whole-config keys, e.g. \'{"block_ready": true, "gate_up": {"direct_split": 2}}\' (repeatable)')
     ap.add_argument("--device-name", help="the config file of this device, not the local one's (e.g. 'NVIDIA H200')")
     args = ap.parse_args()
     dev = torch.device("cuda")

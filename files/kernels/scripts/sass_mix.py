@@ -9,7 +9,7 @@ whose body holds the most HMMA). Prints, per variant and target, that loop's
 instructions per HMMA (with NT 1 one HMMA is one packed weight word per lane,
 so this is the issue cost of a word) and its opcode classes. One JSON object per
 line. Where the one-token path is issue-bound (Nsight Compute on the H200), fewer
-instructions per word is what to look for before a GPU round. "load_use" is how
+instructions per word is what to look for before a GPU run. "load_use" is how
 far ahead of its first use each kind of load issues, as a fraction of the loop
 (sm120_compile_util.load_use_distance): near 0, the warp waits a full memory
 latency every step.
