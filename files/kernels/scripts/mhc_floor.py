@@ -17,7 +17,7 @@ meet it on this GPU.
 import torch
 
 from copy_floor import floor_us, rec, start
-from sm120_kernels import mhc as H
+from sm120_kernels import mhc as H, mhc_cases
 from sm120_kernels.bench import stream_time_us
 from sm120_kernels.registry import stream_sets
 
@@ -28,7 +28,7 @@ def main():
     bw = start(dev)
     rec(kind="two_empty_kernels", us=floor_us([("empty",), ("empty",)], 2, dev))
     for n in (1, 8, 32, 64):
-        pre_b, post_b, _ = H.mhc_bytes(n)
+        pre_b, post_b, _ = mhc_cases.mhc_bytes(n)
         total = pre_b + post_b
         bound = total / bw * 1e6
         sets = stream_sets(total, dev)

@@ -16,7 +16,7 @@ import torch
 
 from copy_floor import floor_us, rec, start
 from sm120_kernels.bench import TARGET_BATCH1_US, TARGET_FRACTION
-from sm120_kernels.fused_moe_w4a16 import moe_bytes
+from sm120_kernels.moe_cases import moe_bytes
 from sm120_kernels.models import MODELS
 from sm120_kernels.registry import stream_sets
 

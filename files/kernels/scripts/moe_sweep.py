@@ -17,7 +17,7 @@ import json
 import torch
 from triton.testing import do_bench
 
-from sm120_kernels import fused_moe_w4a16 as M
+from sm120_kernels import fused_moe_w4a16 as M, moe_cases
 from sm120_kernels.bench import stream_time_us
 from sm120_kernels.configs import get_config
 from sm120_kernels.models import MODELS, ep_share_routing
@@ -72,7 +72,7 @@ def main():
     for model in MODELS:
         if args.model and args.model not in model.name:
             continue
-        W = M._model_weights(model, dev)
+        W = moe_cases._model_weights(model, dev)
         for b in args.batches:
             shipped = get_config(model.fmt, b, device_name=args.device_name)
             tw, ids, active = ep_share_routing(model, b, dev, seed=1000 + b)
@@ -100,11 +100,11 @@ def main():
                 replay = graphed(lambda cfg=cfg: M.fused_moe_w4a16(x, W, tw, ids, out=o, config=cfg, **kw), warmup=1)
                 t = do_bench(replay, warmup=10, rep=80, return_mode="median") * 1e3
                 del replay
-                M._BENCH_CONFIG_OVERRIDE[(model.fmt, b)] = cfg
-                spec = M._bench_moe(model, b)(dev)
+                moe_cases._BENCH_CONFIG_OVERRIDE[(model.fmt, b)] = cfg
+                spec = moe_cases._bench_moe(model, b)(dev)
                 ts = stream_time_us(spec.stream_calls)[0]
                 del spec
-                M._BENCH_CONFIG_OVERRIDE.pop((model.fmt, b))
+                moe_cases._BENCH_CONFIG_OVERRIDE.pop((model.fmt, b))
                 print(f"{model.name:18s} b{b:<3d} {name:52s} {t:7.1f} us  in stream {ts:7.1f} us  "
                       f"{'ok' if res.ok else 'FAIL ' + res.detail}", flush=True)
 

@@ -14,7 +14,8 @@ import triton  # noqa: E402
 from sm120_compile_util import (SM120, SM120_SHARED_LIMIT, compile_sm120, hottest_loop, load_use_distance,  # noqa: E402
                                 opcode_mix)
 
-from sm120_kernels import configs, fused_moe_w4a16 as M, fused_moe_w4a16_frag as F, routing as R  # noqa: E402
+from sm120_kernels import combine, configs, formats, fused_moe_w4a16_frag as F, gemm_tensor_core as TC  # noqa: E402
+from sm120_kernels import routing as R  # noqa: E402
 from sm120_kernels.models import MODELS  # noqa: E402
 
 
@@ -71,7 +72,7 @@ def _gemm_variants():
                     sig = dict(FRAG_SIG, s_ptr="*i16",  # scale fragments (frag_pack_scales)
                                out_ptr=ptr["bf16"] if gated else ptr["f32"])
                     k_words = (model.hidden if gated else model.inter) // 64
-                    const = dict(FMT=M.FORMATS.index(fmt), GATED=gated, X_IS_SORTED=not gated,
+                    const = dict(FMT=formats.FORMATS.index(fmt), GATED=gated, X_IS_SORTED=not gated,
                                  HAS_LIMIT=bool(model.swiglu_limit) and gated, NT=c["NT"], NW=c["num_warps"],
                                  RT=1 if gated else c.get("RT", 1), PIPE=c["pipe"], DEPTH=c.get("depth", 1),
                                  EVEN_K=k_words % (c["num_warps"] * c.get("depth", 1)) == 0, INTERP=False,
@@ -108,7 +109,7 @@ def _gemm_variants():
     for model in MODELS:
         fmt = model.fmt
         for kernel, gated in (("gate_up", True), ("down", False)):
-            c = M.TENSOR_CORE_CONFIG[fmt][kernel]
+            c = TC.TENSOR_CORE_CONFIG[fmt][kernel]
             sig = {
                 "x_ptr": ptr["bf16"], "w_ptr": ptr["i32"],
                 "s_ptr": ptr["u8"] if fmt == "nvfp4" else ptr["bf16"], "g_ptr": ptr["f32"],
@@ -120,11 +121,11 @@ def _gemm_variants():
                 "stride_se": "i64", "stride_sn": "i64", "stride_sk": "i64",
                 "stride_om": "i64", "up_offset": "i32", "g_mult": "fp32", "swiglu_limit": "fp32",
             }
-            const = dict(FMT=M.FORMATS.index(fmt), GROUP=M.GROUP_SIZE[fmt], GATED=gated,
+            const = dict(FMT=formats.FORMATS.index(fmt), GROUP=formats.GROUP_SIZE[fmt], GATED=gated,
                          X_IS_SORTED=not gated, HAS_LIMIT=bool(model.swiglu_limit) and gated,
                          USE_ASM=True, INTERP=False, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
                          BLOCK_K=c["BLOCK_K"])
-            yield f"tensor-core:{fmt}:{kernel}", M._moe_gemm_kernel, sig, const, c["num_warps"], c["num_stages"]
+            yield f"tensor-core:{fmt}:{kernel}", TC._moe_gemm_kernel, sig, const, c["num_warps"], c["num_stages"]
 
 
 def other_variants():
@@ -132,8 +133,8 @@ def other_variants():
            "num_local": "i32", "rsf": "fp32", "stride_bm": "i64", "stride_om": "i64",
            "BLOCK_H": "constexpr", "KP": "constexpr", "INTERP": "constexpr", "WAIT_PRIOR": "constexpr"}
     for dependent in (False, True):  # dependent: a programmatic dependent launch (dependent_launches)
-        yield (f"combine{'[dependent]' if dependent else ''}", M._combine_kernel, sig,
-               {"BLOCK_H": M.COMBINE_BLOCK_H, "KP": 8, "INTERP": False, "WAIT_PRIOR": dependent}, 4, 1)
+        yield (f"combine{'[dependent]' if dependent else ''}", combine._combine_kernel, sig,
+               {"BLOCK_H": combine.COMBINE_BLOCK_H, "KP": 8, "INTERP": False, "WAIT_PRIOR": dependent}, 4, 1)
     # dependents: lets the gate/up GEMM launch at once; ready: zeroes block_ready's counts
     for n, warps, dependents, ready in ((64, 4, False, False), (64, 4, True, False), (64, 4, True, True),
                                         (2048, 4, False, False), (8192, 8, False, False)):

@@ -73,7 +73,7 @@ def test_ring_compiles_for_sm120(case):
     import compile_sm120 as C
     from sm120_compile_util import compile_sm120, hottest_loop
 
-    from sm120_kernels import fused_moe_w4a16 as M, fused_moe_w4a16_frag as F
+    from sm120_kernels import formats, fused_moe_w4a16_frag as F
     from sm120_kernels.models import MODELS
 
     fmt, kernel, direct, nw, rt = case
@@ -83,7 +83,7 @@ def test_ring_compiles_for_sm120(case):
     k_words = (model.hidden if gated else model.inter) // 64
     bulk, ring = F.ring_launch(cfg, k_words, gated or rt == 2, 1 if direct else 8)
     assert bulk == 2 and "moe_ring" in ring
-    const = dict(FMT=M.FORMATS.index(fmt), GATED=gated, X_IS_SORTED=not gated, HAS_LIMIT=gated, NT=1, NW=nw,
+    const = dict(FMT=formats.FORMATS.index(fmt), GATED=gated, X_IS_SORTED=not gated, HAS_LIMIT=gated, NT=1, NW=nw,
                  RT=rt, PIPE=True, DEPTH=2, EVEN_K=True, INTERP=False, DIRECT=direct, KP=8 if direct else 1,
                  SCALES_AHEAD=False, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=False, PREFETCH=False,
                  WAIT_PRIOR=False, L2_STEPS=0, SIGNAL_READY=False, WAIT_READY=False, ONE_CLAMP=False, XCHG="")

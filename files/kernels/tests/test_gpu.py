@@ -23,9 +23,9 @@ def test_selftest_case(case):
 def test_asm_dequant_matches_plain(fmt, monkeypatch):
     """The tensor-core GEMM (unpacked weights): inline-asm dequantisation
     against the plain-Triton one."""
-    from sm120_kernels import fused_moe_w4a16 as M
+    from sm120_kernels import fused_moe_w4a16 as M, gemm_tensor_core as TC
 
-    cfg = M.TENSOR_CORE_CONFIG[fmt]
+    cfg = TC.TENSOR_CORE_CONFIG[fmt]
     E, H, I, T, k = 4, 1024, 256, 16, 3
     W = M.random_weights(fmt, E, H, I, "cuda", seed=5, pack=False)
     x = torch.randn((T, H), device="cuda").to(torch.bfloat16)

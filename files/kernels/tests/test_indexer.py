@@ -14,6 +14,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 from sm120_kernels import indexer as I  # noqa: E402
+from sm120_kernels import indexer_cases  # noqa: E402
 
 on_cpu = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 gpu = pytest.mark.gpu
@@ -299,7 +300,7 @@ def test_gpu_real_shapes(batch, next_n):
     g = torch.Generator().manual_seed(batch)
     ctxs = (torch.randint(1, 40000, (batch,), generator=g)).tolist()
     ctxs[0] = 32768 + 17
-    res = I.check_logits_case(batch, next_n, ctxs, "cuda", seed=batch)
+    res = indexer_cases.check_logits_case(batch, next_n, ctxs, "cuda", seed=batch)
     assert res["ok"], res
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from ptx_sim import PTX, bf16_bits, bf16_value, e4m3_value, f32_value, run_warp
 
-from sm120_kernels import fused_moe_w4a16 as M, fused_moe_w4a16_frag as F
+from sm120_kernels import fused_moe_w4a16_frag as F, gemm_tensor_core as TC, weights as P
 
 # the simulated text is what compiles; one tier is enough
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
@@ -46,7 +46,7 @@ def dequant_registers(fmt: str, word: int, scale_regs: tuple) -> list[int]:
 def nvfp4_scale_register(lo: int, hi: int) -> int:
     """_NVFP4_SCALES on a lane's fragment, as frag_pack_scales stores the e4m3
     scales of rows g (lo) and g + 8 (hi)."""
-    code = [int(F._NVFP4_SCALE_ENCODE[b]) for b in (lo, hi)]
+    code = [int(P._NVFP4_SCALE_ENCODE[b]) for b in (lo, hi)]
     assert min(code) >= 0, (lo, hi)
     return PTX(F._NVFP4_SCALES, {"$1": code[0] | (code[1] << 8)}).run().regs["$0"]
 
@@ -72,7 +72,7 @@ def packed_tile(fmt: str, rows: int, cols: int):
     codes = torch.randint(0, 16, (rows, cols), dtype=torch.int64)
     words = (codes.view(rows, cols // 8, 8) << torch.arange(0, 32, 4)).sum(-1)
     words = torch.where(words < 2**31, words, words - 2**32).to(torch.int32)
-    return codes, F.frag_pack(words.unsqueeze(0), fmt)[0, 0, 0]
+    return codes, P.frag_pack(words.unsqueeze(0), fmt)[0, 0, 0]
 
 
 def test_nvfp4_scale_decode_is_exact_for_every_e4m3_scale():
@@ -204,7 +204,7 @@ def test_tensor_core_gemm_dequantisation(fmt):
     """_DQ8_INT4 / _DQ8_NVFP4: nibble i of a checkpoint word -> output $i, times the scale the
     GEMM passes ($9: the bf16 scale; NVFP4: e4m3 * 2**119, as _cvt_scale makes it)."""
     rng = random.Random(11)
-    asm = M._DQ8_INT4 if fmt == "int4" else M._DQ8_NVFP4
+    asm = TC._DQ8_INT4 if fmt == "int4" else TC._DQ8_NVFP4
     words = [sum(((i + k) % 16) << (4 * i) for i in range(8)) for k in range(16)]  # every code at every nibble
     words += [rng.getrandbits(32) for _ in range(48)]
     for word in words:

@@ -13,6 +13,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 from sm120_kernels import mhc as M  # noqa: E402
+from sm120_kernels import mhc_cases  # noqa: E402
 from sm120_kernels.registry import graphed  # noqa: E402
 
 on_cpu = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
@@ -26,7 +27,7 @@ TOL = M.MHC_TOL  # 2.3e-3 relative, bf16 outputs
 @on_cpu
 @pytest.mark.parametrize("n,d", [(1, 256), (3, 320), (17, 192)])  # d not a multiple of the tiles; n not of 16
 def test_pre_post_fused_match_reference(n, d):
-    res = M.check_case(n, d, "cpu", seed=n + d)
+    res = mhc_cases.check_case(n, d, "cpu", seed=n + d)
     for key, value in res.items():
         if key not in ("ok", "col_sum_err"):
             assert value < TOL, (key, value)
@@ -38,7 +39,7 @@ def test_pre_post_fused_match_reference(n, d):
 def test_two_launch_path_matches_reference(monkeypatch):
     """The path larger batches take (two-launch pre, fused post + pre GEMM)."""
     monkeypatch.setenv("SM120_MHC_NO_FUSED", "1")
-    res = M.check_case(5, 192, "cpu", seed=9)
+    res = mhc_cases.check_case(5, 192, "cpu", seed=9)
     assert res["ok"], res
 
 
@@ -272,7 +273,7 @@ def test_shipped_configs_compile_for_sm120(fname, key, cfg, do_post):
 @gpu
 @pytest.mark.parametrize("n", [1, 8, 64, 257, 4096])
 def test_gpu_real_shapes(n):
-    res = M.check_case(n, M.HIDDEN, "cuda", seed=n)
+    res = mhc_cases.check_case(n, M.HIDDEN, "cuda", seed=n)
     assert res["ok"], res
 
 

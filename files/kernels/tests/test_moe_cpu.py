@@ -6,6 +6,7 @@ import torch
 from sm120_kernels import fused_moe_w4a16 as M
 from sm120_kernels.registry import compare
 
+from sm120_kernels import formats, routing, weights as P
 from sm120_kernels import fused_moe_w4a16_frag as F
 
 # tensor-core GEMM (weights whose shapes do not fit the fragment order)
@@ -88,8 +89,8 @@ def test_one_token_direct_path(interpret, monkeypatch, fmt, kn, rt, split, ids):
     slots and applies rsf) against the reference and against the aligned path
     of 16-token blocks."""
     aligned_calls = []
-    align = F.routing.moe_align
-    monkeypatch.setattr(F.routing, "moe_align", lambda *a, **kw: aligned_calls.append(a) or align(*a, **kw))
+    align = routing.moe_align
+    monkeypatch.setattr(routing, "moe_align", lambda *a, **kw: aligned_calls.append(a) or align(*a, **kw))
     E, H, I = 4, 128, 64
     cfg = {"gate_up": dict(CFG_FRAG["gate_up"], direct_split=split), "down": dict(CFG_FRAG["down"], RT=rt)}
     ids = torch.tensor([ids], dtype=torch.int32)
@@ -222,13 +223,13 @@ def test_dequant_reference_formats():
     # NVFP4: e2m1 codes with the first element in the low nibble
     w = torch.tensor([[0x76543210, -0x01234568]], dtype=torch.int32)  # bytes 10 32 54 76 | 98 BA DC FE
     s = torch.tensor([[0x38]], dtype=torch.uint8)  # e4m3 1.0
-    d = M.dequant_reference("nvfp4", w, s, torch.tensor(0.5)).float()[0]
+    d = formats.dequant_reference("nvfp4", w, s, torch.tensor(0.5)).float()[0]
     lut = [0, 0.5, 1, 1.5, 2, 3, 4, 6]
     expect = [v * 0.5 for v in lut] + [-v * 0.5 for v in lut]
     assert d.tolist() == expect
     # INT4: value = (q - 8) * scale
     s4 = torch.tensor([[0.25]], dtype=torch.bfloat16)
-    d4 = M.dequant_reference("int4", w[:, :1].repeat(1, 4), s4, torch.tensor(1.0)).float()[0]
+    d4 = formats.dequant_reference("int4", w[:, :1].repeat(1, 4), s4, torch.tensor(1.0)).float()[0]
     assert d4[:8].tolist() == [(q - 8) * 0.25 for q in range(8)]
 
 
@@ -240,10 +241,10 @@ def test_frag_pack_layout():
     64-column groups as documented."""
     g = torch.Generator().manual_seed(0)
     w = torch.randint(-2**31, 2**31 - 1, (2, 32, 16), generator=g, dtype=torch.int32)
-    f = F.frag_pack(w, "int4")
-    fn = F.frag_pack(w, "nvfp4")
+    f = P.frag_pack(w, "int4")
+    fn = P.frag_pack(w, "nvfp4")
     assert f.shape == fn.shape == (2, 2, 2, 32, 4)
-    assert torch.equal(F.frag_unpack(f, "int4"), w) and torch.equal(F.frag_unpack(fn, "nvfp4"), w)
+    assert torch.equal(P.frag_unpack(f, "int4"), w) and torch.equal(P.frag_unpack(fn, "nvfp4"), w)
     nib = ((w[1].unsqueeze(-1) >> torch.arange(0, 32, 4)) & 0xF).reshape(32, 128)
     for rt, kg, lane, j in ((0, 0, 0, 0), (1, 1, 29, 3), (0, 1, 6, 2)):
         gi, q = lane // 4, lane % 4
@@ -258,7 +259,7 @@ def test_frag_pack_layout():
                 a(gi, 2 * q + 1), a(gi + 8, 2 * q + 1), a(gi, 2 * q + 9), a(gi + 8, 2 * q + 9)]
         assert got == want, (rt, kg, lane, j)
         wn = int(fn[1, rt, kg, lane, j]) & 0xFFFFFFFF
-        regs = [_nvfp4_register(wn, pieces) for pieces in F.NVFP4_PIECES]
+        regs = [_nvfp4_register(wn, pieces) for pieces in P.NVFP4_PIECES]
         got_n = [(((regs[i % 4] >> (16 * (i // 4) + 15)) & 1) << 3) | ((regs[i % 4] >> (16 * (i // 4) + 6)) & 7)
                  for i in range(8)]
         assert got_n == want, (rt, kg, lane, j)
@@ -279,9 +280,9 @@ def test_nvfp4_decode_is_nine_integer_instructions():
     body = [line.strip().split()[0] for line in F._NVFP4_A.splitlines()]
     assert body.count("fma.rn.bf16x2") == 4
     assert len([op for op in body if op not in ("fma.rn.bf16x2", "mov.b32")]) == 9
-    assert sorted(b for row in F.NVFP4_BIT_SOURCE for b in row) == list(range(32))
+    assert sorted(b for row in P.NVFP4_BIT_SOURCE for b in row) == list(range(32))
     for bit in range(32):  # a single set bit lands in exactly one register field
-        fields = [_nvfp4_register(1 << bit, pieces) & 0x81C081C0 for pieces in F.NVFP4_PIECES]
+        fields = [_nvfp4_register(1 << bit, pieces) & 0x81C081C0 for pieces in P.NVFP4_PIECES]
         assert sorted(bin(f).count("1") for f in fields) == [0, 0, 0, 1], bit
 
 
@@ -305,13 +306,13 @@ def test_frag_pack_scales_layout(fmt):
         s[0, 0, 0] = 0.0
         s[1, 5, 1] = 2.0**-5 * (1 - 2.0**-8)
         s[1, 9, 2] = -2.0**-133
-    sf = F.frag_pack_scales(s, fmt)
+    sf = P.frag_pack_scales(s, fmt)
     assert sf.dtype == torch.int16 and sf.shape == (E, N // 16, K // 64, 32)
     assert sf.numel() * 2 == s.numel() * s.element_size()
-    back = F.frag_unpack_scales(sf, fmt)
+    back = P.frag_unpack_scales(sf, fmt)
     assert back.dtype == s.dtype and torch.equal(back.view(torch.uint8), s.view(torch.uint8))
     if fmt == "nvfp4":
-        bits = F._NVFP4_SCALE_ENCODE[s.to(torch.long)]
+        bits = P._NVFP4_SCALE_ENCODE[s.to(torch.long)]
         assert bits.min() >= 0
         assert (s.to(torch.int32) + 16 == bits)[(s >= 8) & (s < 0x7F)].all()  # normal scales: e4m3 + 16
     else:
@@ -336,14 +337,14 @@ def test_nvfp4_scale_fragments_refuse_negative_and_nan_scales(byte):
     s = torch.full((1, 16, 4), 0x38, dtype=torch.uint8)
     s[0, 7, 2] = byte
     with pytest.raises(ValueError, match=f"non-negative e4m3.*first byte {byte:#04x}.*Fix"):
-        F.frag_pack_scales(s, "nvfp4")
+        P.frag_pack_scales(s, "nvfp4")
 
 
 def test_int4_scale_fragments_refuse_scales_without_headroom():
     s = torch.full((1, 16, 2), 2.0**-5, dtype=torch.bfloat16)
     with pytest.raises(AssertionError, match="int4_headroom"):
-        F.frag_pack_scales(s, "int4")
-    assert [F.int4_headroom(torch.tensor([v])) for v in (0.0, 0.031, 2.0**-5, -0.05, 0.5, 3.0)] == [0, 0, 1, 1, 5, 7]
+        P.frag_pack_scales(s, "int4")
+    assert [P.int4_headroom(torch.tensor([v])) for v in (0.0, 0.031, 2.0**-5, -0.05, 0.5, 3.0)] == [0, 0, 1, 1, 5, 7]
 
 
 def test_int4_large_scales_are_stored_shifted(interpret):
@@ -353,8 +354,8 @@ def test_int4_large_scales_are_stored_shifted(interpret):
     E, H, I, T = 2, 128, 64, 3
     W = M.random_weights("int4", E, H, I, "cpu", seed=6, pack=False)
     s13, s2 = (W.s13.float() * 64).to(torch.bfloat16), (W.s2.float() * 64).to(torch.bfloat16)
-    big = M.make_weights("int4", W.w13, s13, W.w2, s2)
-    j13, j2 = F.int4_headroom(s13), F.int4_headroom(s2)
+    big = P.make_weights("int4", W.w13, s13, W.w2, s2)
+    j13, j2 = P.int4_headroom(s13), P.int4_headroom(s2)
     assert big.packed and (big.shift13, big.shift2) == (j13, j2) and j13 > 0 and j2 > 0
     assert torch.equal(big.g13, W.g13) and torch.equal(big.g2, W.g2)
     assert torch.equal(big.scales("s13").view(torch.int16), s13.view(torch.int16))
@@ -363,8 +364,8 @@ def test_int4_large_scales_are_stored_shifted(interpret):
     x = (torch.randn((T, H), generator=g) / 64).to(torch.bfloat16)
     ids = torch.tensor([[0, 1], [1, -1], [0, 0]], dtype=torch.int32)
     tw = torch.rand(ids.shape, generator=g) + 0.1
-    out = F.fused_moe_w4a16_frag(x, big, tw, ids, config=CFG_FRAG)
-    plain = M.W4A16Weights("int4", W.w13, s13, W.g13, W.w2, s2, W.g2)
+    out = M.fused_moe_w4a16(x, big, tw, ids, config=CFG_FRAG)
+    plain = P.W4A16Weights("int4", W.w13, s13, W.g13, W.w2, s2, W.g2)
     res = compare(out, M.moe_w4a16_reference(x, plain, tw, ids))
     assert res.ok, res.detail
 

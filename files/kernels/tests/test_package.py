@@ -189,7 +189,7 @@ def test_tune_picks_fastest_and_tries_one_token_grids(monkeypatch, batch):
     from types import SimpleNamespace
 
     from sm120_kernels import bench
-    from sm120_kernels import fused_moe_w4a16 as M
+    from sm120_kernels import moe_cases as M
     from sm120_kernels.models import MODELS
 
     model = next(m for m in MODELS if m.fmt == "int4")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sm120_kernels import routing as R
+from sm120_kernels import routing as R, routing_cases
 
 
 @pytest.mark.parametrize("E,k,scoring,ng,tg", [
@@ -14,7 +14,7 @@ from sm120_kernels import routing as R
 ])
 @pytest.mark.parametrize("ties", [False, True])
 def test_biased_topk_exact(interpret, E, k, scoring, ng, tg, ties):
-    res = R.check_topk("cpu", E, k, scoring, ng, tg, T=7, ties=ties, seed=E + k)
+    res = routing_cases.check_topk("cpu", E, k, scoring, ng, tg, T=7, ties=ties, seed=E + k)
     assert res.ok, res.detail
 
 
@@ -37,7 +37,7 @@ def test_sqrtsoftplus_large_negative(interpret):
 
 @pytest.mark.parametrize("T,k,E,bm", [(1, 6, 32, 16), (5, 3, 4, 16), (33, 8, 48, 16), (7, 2, 3, 4)])
 def test_align_exact(interpret, T, k, E, bm):
-    res = R.check_align("cpu", T, k, E, bm, seed=T)
+    res = routing_cases.check_align("cpu", T, k, E, bm, seed=T)
     assert res.ok, res.detail
 
 

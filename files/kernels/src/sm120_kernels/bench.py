@@ -120,7 +120,7 @@ def plot(rows, path, device_name, bw) -> list[str]:
 
 def _time_trial(case, dev, do_bench, key, trial, label):
     """In-stream time (s) of the case with config `trial`, or None if it fails."""
-    from . import fused_moe_w4a16 as M
+    from . import moe_cases as M
 
     M._BENCH_CONFIG_OVERRIDE[key] = trial
     try:
@@ -223,7 +223,7 @@ def _tune(case, dev, do_bench):
     every batch then the shared-memory rings (ring_trials), several tokens the
     epilogue's exchange (exchange_trials), and last the dependent launches
     (dependent_trials)."""
-    from . import fused_moe_w4a16 as M
+    from . import moe_cases as M
     from .models import MODELS
 
     model = next(m for m in MODELS if m.name == case.group)

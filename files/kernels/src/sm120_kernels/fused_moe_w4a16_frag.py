@@ -15,31 +15,20 @@ L1 transactions per weight, not arithmetic. This kernel therefore
   activations need no copy) so that a lane's B registers for the whole group
   are 32 contiguous bytes of its token's row: two 16-byte loads, skipped for
   padding token slots;
-* dequantises a word into the four bf16x2 A registers with inline PTX (the bit
-  tricks of ``fused_moe_w4a16``) and runs one ``mma.sync.m16n8k16`` (fp32)
-  against up to 8 tokens (``NT`` = 2: 16 tokens, the A registers reused);
-* applies the block scale in fp32 after each K tile's MMA (NVFP4's group of 16
-  is exactly one K tile; INT4's group of 32 is two), and the expert's global
-  scale once at the end;
+* dequantises a word into the four bf16x2 A registers with inline PTX, the
+  row's block scale applied in the same bf16x2 fma, and runs one
+  ``mma.sync.m16n8k16`` (fp32) against up to 8 tokens (``NT`` = 2: 16 tokens,
+  the A registers reused); the expert's global scale once at the end;
 * splits K over the warps of a program (warp w takes groups w, w + NW, ...),
-  keeps the next group's words in flight while the current one is multiplied,
-  and adds the warps' partial sums once, after the K loop.
+  keeps DEPTH groups' words in flight per warp (registers, or a shared-memory
+  ring with BULK), and adds the warps' partial sums once, after the K loop.
 
-Fragment layout (``frag_pack``), per expert: ``[N/16, K/64, 32, 4]`` int32, the
-last index the K tile j within the group. Tile (r, group kg, j) covers rows
-16r .. 16r + 15 and the 16 columns 64kg + 16q + 4j + 2ch + hi (q = 0..3,
-ch, hi = 0..1) in the MMA's column order c = 8ch + 2q + hi. Lane l (g = l // 4,
-q = l % 4) holds the A values (row, c) (g, 2q), (g+8, 2q), (g, 2q+8), (g+8, 2q+8)
-(the low halves of the bf16x2 registers a_0 .. a_3 of the A fragment) and
-(g, 2q+1), (g+8, 2q+1), (g, 2q+9), (g+8, 2q+9) (their high halves): INT4 as
-nibbles 0 .. 7 in that order; NVFP4 with each value's sign and exponent/mantissa
-bits where few shifts move them into bf16 position (NVFP4_SIGN_BIT,
-NVFP4_EM_BIT).
+Weights come packed by ``weights.frag_pack`` (the layout is described there).
 The lane's B registers for tile j are its token's bf16 pairs 32kg + 8q + 2j
 (b0) and + 1 (b1), in int32 units.
 
-Inputs and outputs are those of ``fused_moe_w4a16`` (same alignment, same
-combine); only the weights' order differs. Under ``TRITON_INTERPRET=1`` (which
+``frag_gemm`` is one GEMM launch; ``fused_moe_w4a16`` chains them with the
+alignment and the combine. Under ``TRITON_INTERPRET=1`` (which
 cannot run PTX) the loads are plain loads and the MMA is computed from the
 warp's 32 lanes with reshapes, so the interpreter tier checks the same packing
 and indexing.
@@ -47,215 +36,15 @@ and indexing.
 
 from __future__ import annotations
 
-import math
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
 
-from . import routing
-from .configs import register_cap
-from .fused_moe_w4a16 import FORMATS, W4A16Weights, _fp4_val, _interpreting, _to_bf16, combine, e4m3_to_float
+from .configs import DEPENDENT_LAUNCHES, register_cap
+from .formats import FORMATS, _fp4_val, _to_bf16, interpreting
+from .weights import NVFP4_PIECES, NVFP4_SCALE_BASE
 
-# --------------------------------------------------------------------------
-# Packing (host, once per layer at load time)
-# --------------------------------------------------------------------------
-
-
-# NVFP4 words: _NVFP4_A builds register a_r of the A fragment as the OR of
-# masked copies of the word (op, amount, mask), each putting bits at bf16 bit
-# 15 (sign) and bits 6-8 (exponent and mantissa) of both 16-bit halves (the
-# low and high value). frag_pack stores each value's bits where its register's
-# pieces take them from (NVFP4_BIT_SOURCE). a0 is the word masked, a1 and a2 one
-# copy each, a3 two: 9 integer instructions per word; 2-bit shifts are the
-# fewest that tile the word (no four rotations of one 4-bit pattern do).
-_NVFP4_FIELDS = 0x81C081C0  # bits 6-8 and 15 of each half
-NVFP4_PIECES = (
-    (("shl", 0, _NVFP4_FIELDS),),
-    (("shl", 6, _NVFP4_FIELDS),),
-    (("rotl", 12, _NVFP4_FIELDS),),
-    (("shl", 2, 0x80C080C0), ("shr", 6, 0x01000100)),
-)
-
-
-def _nvfp4_bit_source() -> tuple:
-    """For value i (= 4 hi + r) and nibble bit b (0: mantissa, 1-2: exponent,
-    3: sign): the word bit that a_r's pieces move to bf16 bit 6 + b (sign: 15)
-    of half hi."""
-    table = []
-    for i in range(8):
-        hi, r = divmod(i, 4)
-        row = []
-        for b in range(4):
-            dst = 16 * hi + (15 if b == 3 else 6 + b)
-            op, k, _ = next(pc for pc in NVFP4_PIECES[r] if pc[2] >> dst & 1)
-            src = {"shl": dst - k, "shr": dst + k, "rotl": (dst - k) % 32}[op]
-            assert 0 <= src < 32, (i, b, op, k)
-            row.append(src)
-        table.append(tuple(row))
-    assert sorted(p for row in table for p in row) == list(range(32)), "NVFP4 pieces must tile the word"
-    return tuple(table)
-
-
-NVFP4_BIT_SOURCE = _nvfp4_bit_source()
-
-
-def frag_pack(words: torch.Tensor, fmt: str) -> torch.Tensor:
-    """int32 [E, N, K/8] (nibble i of word j = K index 8j + i) ->
-    int32 [E, N/16, K/64, 32, 4] in the order described above. INT4 words hold
-    register a_r's two values as nibbles r and r + 4; NVFP4 words put each
-    value's four bits where _NVFP4_A takes them from (NVFP4_BIT_SOURCE). One
-    expert at a time, so the temporary is one expert's nibbles."""
-    E, N, KW = words.shape
-    K = KW * 8
-    assert N % 16 == 0 and K % 64 == 0, (N, K)
-    out = torch.empty((E, N // 16, K // 64, 32, 4), dtype=torch.int32, device=words.device)
-    shifts = _bit_positions(fmt, words.device)
-    for e in range(E):
-        nib = ((words[e].unsqueeze(-1) >> torch.arange(0, 32, 4, device=words.device, dtype=torch.int32)) & 0xF)
-        # row = 16 rt + 8 rh + g; column = 64 kg + 16 q + 4 j + 2 ch + hi
-        n8 = nib.reshape(N, K).view(N // 16, 2, 8, K // 64, 4, 4, 2, 2)  # rt rh g kg q j ch hi
-        n8 = n8.permute(0, 3, 2, 4, 5, 7, 6, 1)  # rt kg g q j | hi ch rh: value i = 4 hi + 2 ch + rh
-        n8 = n8.reshape(N // 16, K // 64, 32, 4, 8).to(torch.int64)
-        if fmt == "nvfp4":  # shifts [8 values, 4 nibble bits]
-            packed = (((n8[..., None] >> torch.arange(4, device=n8.device)) & 1) << shifts).sum((-1, -2))
-        else:
-            packed = (n8 << shifts).sum(-1)
-        out[e] = torch.where(packed < 2**31, packed, packed - 2**32).to(torch.int32)
-    return out
-
-
-# NVFP4 scale fragments: each e4m3 block scale s (unsigned, as NVFP4 defines
-# them) is stored as the byte c whose bf16 c * 16 + NVFP4_SCALE_BASE is
-# s * 2**119 exactly. c has 5 exponent and 3 mantissa bits, so e4m3's
-# subnormals are normal numbers here (for a normal e4m3 byte, c = byte + 16),
-# and zero is NVFP4_SCALE_ZERO (bf16 -0.0: the products are zero). A lane's
-# two rows then decode in a prmt and a multiply-add each (_NVFP4_SCALES).
-NVFP4_SCALE_BASE = 0x7680  # bf16 exponent field 237 = 127 + 119 - 9
-NVFP4_SCALE_ZERO = 0x98  # 0x98 * 16 + 0x7680 = 0x8000
-NVFP4_SCALE_NEG_ZERO = 0x99  # -2**-129: every product rounds to -0 or 0
 _SCALE_BASE = tl.constexpr(NVFP4_SCALE_BASE)
-
-
-def _nvfp4_scale_tables() -> tuple[torch.Tensor, torch.Tensor]:
-    """(encode: e4m3 byte -> c, -1 for negative or NaN scales; decode: c -> e4m3 byte)."""
-    enc, dec = [-1] * 256, [0x7F] * 256
-    values = e4m3_to_float(torch.arange(256, dtype=torch.int32).to(torch.uint8)).tolist()
-    for byte, v in enumerate(values):
-        if byte in (0, 0x80):
-            c = NVFP4_SCALE_ZERO if byte == 0 else NVFP4_SCALE_NEG_ZERO
-        elif v > 0 and math.isfinite(v):
-            f, e = math.frexp(v)  # v = f * 2**e, 0.5 <= f < 1
-            c = ((e - 1 + 9) << 3) | int((2 * f - 1) * 8)
-            bits = c * 16 + NVFP4_SCALE_BASE
-            assert c < 0x90 and (1 + (bits & 0x7F) / 128) * 2.0 ** ((bits >> 7) - 127) == v * 2.0**119, hex(byte)
-        else:  # negative, NaN
-            continue
-        enc[byte], dec[c] = c, byte
-    return torch.tensor(enc, dtype=torch.int32), torch.tensor(dec, dtype=torch.int32)
-
-
-_NVFP4_SCALE_ENCODE, _NVFP4_SCALE_DECODE = _nvfp4_scale_tables()
-
-
-# INT4 scale fragments hold s * 2**133 (rows g) and s * 2**129 (rows g + 8) as
-# bf16, which needs |s| < 2**-5; make_weights divides a layer's scales by
-# 2**int4_headroom(s) (W4A16Weights.shift13 / shift2), and the kernel multiplies
-# its sums by that power of two (g_mult).
-INT4_ROW_SHIFT = (133, 129)
-
-
-def int4_headroom(s: torch.Tensor) -> int:
-    """The power of two j such that every INT4 scale / 2**j is below 2**-5 in
-    magnitude (0 for every real checkpoint seen: group scales are ~1e-3)."""
-    top = float(s.float().abs().max()) if s.numel() else 0.0
-    if top < 2.0**-5:
-        return 0
-    return int(torch.floor(torch.log2(torch.tensor(top)))) + 6
-
-def _times_pow2(t: torch.Tensor, k: int) -> torch.Tensor:
-    """t * 2**k in two exact steps (2**133 is not a finite fp32)."""
-    return t * 2.0 ** (k // 2) * 2.0 ** (k - k // 2)
-
-
-def frag_pack_scales(s: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Block scales [E, N, G] (e4m3 bytes as uint8, or bf16) -> int16
-    [E, N/16, K/64, 32]: what lane (g, q) of row tile rt needs for K group kg,
-    so a warp's scales of a K group are one 64-byte load. NVFP4: the bytes of
-    rows g (low byte) and g + 8 (high) for its 16 columns' group 4 kg + q,
-    each e4m3 scale recoded as _NVFP4_SCALES decodes it (NVFP4_SCALE_BASE).
-    INT4: row g + 8 (q & 1)'s scale for group 2 kg + q // 2, so lanes q and
-    q ^ 1 together hold rows g and g + 8 of one group, which each of them reads
-    as one 32-bit load; as the bf16 of s * 2**133 (rows g) or s * 2**129 (rows
-    g + 8), what _INT4_A multiplies its masked nibbles by (|s| < 2**-5). Same
-    size as the checkpoint's."""
-    E, N, G = s.shape
-    per_kg = 4 if fmt == "nvfp4" else 2
-    assert N % 16 == 0 and G % per_kg == 0, (s.shape, fmt)
-    KG = G // per_kg
-    if fmt == "nvfp4":
-        b = _NVFP4_SCALE_ENCODE.to(s.device)[s.contiguous().view(torch.uint8).to(torch.long)]
-        if bool((b < 0).any()):
-            bad = int(s.contiguous().view(torch.uint8).flatten()[int((b.flatten() < 0).nonzero()[0])])
-            raise ValueError(f"NVFP4 block scales must be non-negative e4m3 numbers (ue4m3, as ModelOpt writes "
-                             f"them); found {int((b < 0).sum())} negative or NaN, the first byte {bad:#04x}. Fix: "
-                             "export the checkpoint's weight_scale tensors as amax / 6 / global scale, unsigned")
-        b = b.view(E, N // 16, 2, 8, KG, 4)  # rt rh g kg q
-        out = b[:, :, 0] | (b[:, :, 1] << 8)  # e rt g kg q
-        out = out.permute(0, 1, 3, 2, 4)  # e rt kg g q
-    else:
-        assert int4_headroom(s) == 0, (f"INT4 scales up to {float(s.float().abs().max())}: divide them by "
-                                       "2**int4_headroom(s) first (make_weights does: W4A16Weights.shift13 / shift2)")
-        f = s.float().view(E, N // 16, 2, 8, G)  # rt rh g group
-        f = torch.stack([_times_pow2(f[:, :, rh], k) for rh, k in enumerate(INT4_ROW_SHIFT)], dim=2)
-        b = f.to(torch.bfloat16).view(torch.int16).view(E, N // 16, 2, 8, KG, 2)  # rt rh g kg qh
-        out = b.permute(0, 1, 4, 3, 5, 2)  # e rt kg g qh rh: lane q = 2 qh + rh
-    out = out.reshape(E, N // 16, KG, 32)
-    return torch.where(out >= 2**15, out - 2**16, out).to(torch.int16).contiguous()
-
-
-def frag_unpack_scales(sf: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Inverse of frag_pack_scales (tests, the reference): [E, N, G] uint8 or bf16."""
-    E, RT, KG, _ = sf.shape
-    v = sf.to(torch.int32) & 0xFFFF
-    if fmt == "nvfp4":
-        v = v.view(E, RT, KG, 8, 4).permute(0, 1, 3, 2, 4)  # e rt g kg q
-        out = torch.stack((v & 0xFF, v >> 8), dim=2)  # e rt rh g kg q
-        out = _NVFP4_SCALE_DECODE.to(out.device)[out.to(torch.long)]
-        return out.reshape(E, RT * 16, KG * 4).to(torch.uint8)
-    v = v.view(E, RT, KG, 8, 2, 2).permute(0, 1, 5, 3, 2, 4)  # e rt rh g kg qh
-    f = torch.where(v >= 2**15, v - 2**16, v).to(torch.int16).view(torch.bfloat16).float()
-    f = torch.stack([_times_pow2(f[:, :, rh], -k) for rh, k in enumerate(INT4_ROW_SHIFT)], dim=2)
-    return f.reshape(E, RT * 16, KG * 2).to(torch.bfloat16)
-
-
-def _bit_positions(fmt: str, device):
-    """Where value i (= 4 hi + r) of a word sits: INT4 nibble 4i; NVFP4
-    [8, 4], the word bit of each of its nibble's bits (NVFP4_BIT_SOURCE)."""
-    if fmt == "nvfp4":
-        return torch.tensor(NVFP4_BIT_SOURCE, device=device, dtype=torch.int64)
-    return torch.arange(0, 32, 4, device=device, dtype=torch.int64)
-
-
-def frag_unpack(frag: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Inverse of frag_pack (tests, the reference)."""
-    E, RT, KG, _, _ = frag.shape
-    N, K = RT * 16, KG * 64
-    shifts = _bit_positions(fmt, frag.device)
-    nib_shifts = torch.arange(0, 32, 4, device=frag.device, dtype=torch.int64)
-    out = torch.empty((E, N, K // 8), dtype=torch.int32, device=frag.device)
-    for e in range(E):
-        w = frag[e].to(torch.int64).unsqueeze(-1) & 0xFFFFFFFF  # rt kg lane j | value
-        if fmt == "nvfp4":
-            nib = (((w[..., None] >> shifts) & 1) << torch.arange(4, device=w.device)).sum(-1)
-        else:
-            nib = (w >> shifts) & 0xF
-        nib = nib.view(RT, KG, 8, 4, 4, 2, 2, 2)  # rt kg g q j hi ch rh
-        nib = nib.permute(0, 7, 2, 1, 3, 4, 6, 5).reshape(N, K // 8, 8)
-        packed = (nib << nib_shifts).sum(-1)
-        out[e] = torch.where(packed < 2**31, packed, packed - 2**32).to(torch.int32)
-    return out
 
 
 # --------------------------------------------------------------------------
@@ -625,7 +414,7 @@ def ring_prefetch(cfg: dict, kg: int, one_token_down: bool, device) -> bool:
     newer) after a gate/up GEMM that lets it start at once. Its programs that
     find room beside the gate/up GEMM's copy their first stages of weights
     into the rings, then wait for the gate/up GEMM's output."""
-    if not (cfg.get("prefetch") and one_token_down and ring_launch(cfg, kg, False, 1, _interpreting())[0]):
+    if not (cfg.get("prefetch") and one_token_down and ring_launch(cfg, kg, False, 1, interpreting())[0]):
         return False
     return _dependent_launch_capable(device)
 
@@ -636,10 +425,8 @@ def dependent_launches(cfg: dict, device) -> frozenset:
     true for all of configs.DEPENDENT_LAUNCHES, or a list of them): the
     launch before each lets it start at once, and it waits for that launch's
     outputs."""
-    from .configs import DEPENDENT_LAUNCHES
-
     want = cfg.get("dependent_launches")
-    if not want or _interpreting() or not _dependent_launch_capable(device):
+    if not want or interpreting() or not _dependent_launch_capable(device):
         return frozenset()
     want = frozenset(DEPENDENT_LAUNCHES if want is True else want)
     assert want <= set(DEPENDENT_LAUNCHES), f"dependent_launches: some of {DEPENDENT_LAUNCHES}, not {sorted(want)}"
@@ -662,7 +449,7 @@ def dependent_down(cfg: dict, kg: int, device) -> bool:
     L2 for, 0 for none, before it waits for the gate/up GEMM's output)."""
     if ring_prefetch(cfg, kg, True, device):
         return True
-    if cfg.get("pdl") is None or _interpreting() or ring_launch(cfg, kg, False, 1)[0]:
+    if cfg.get("pdl") is None or interpreting() or ring_launch(cfg, kg, False, 1)[0]:
         return False
     return _dependent_launch_capable(device)
 
@@ -1559,7 +1346,7 @@ def direct_split(top_k: int, tiles: int, sms: int, cfg: dict) -> int:
     return max(1, min(top_k, split))
 
 
-def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
+def frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sorted, swiglu_limit, num_valid,
                rsf=1.0, direct=False, launch_dependents=False, wait_prior=False, scale_shift=0, ready=None):
     """One GEMM launch. align: moe_align's (sorted ids, expert ids, count);
     direct: one token, align = (its top-k ids,) * 3 (see the kernel's DIRECT).
@@ -1583,7 +1370,7 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
     assert cfg["pipe"] or not scales_ahead, f"scales_ahead is a pipe option: {cfg}"
     rt = 1 if gated else cfg.get("RT", 1)
     assert (n_out // 16) % rt == 0
-    bulk, ring = ring_launch(cfg, KG, gated or rt == 2, 1 if direct else 8 * nt, _interpreting())
+    bulk, ring = ring_launch(cfg, KG, gated or rt == 2, 1 if direct else 8 * nt, interpreting())
     prefetch = ring_prefetch(cfg, KG, direct and not gated, x.device)
     if direct and not gated and not prefetch:
         wait_prior = dependent_down(cfg, KG, x.device)
@@ -1606,11 +1393,11 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         x, Wf, s, g, out, tw, sorted_ids, expert_ids, align[2], align[2] if ready is None else ready,
         num_valid, top_k, KG,
         x.stride(0) // 2, Wf.stride(0), Wf.stride(1), s.stride(0), s.stride(1), out.stride(0),
-        (RT // 2) if gated else 0, (128.0 if (fmt == "nvfp4" and not _interpreting()) else 1.0) * 2.0**scale_shift,
+        (RT // 2) if gated else 0, (128.0 if (fmt == "nvfp4" and not interpreting()) else 1.0) * 2.0**scale_shift,
         float(swiglu_limit or 0.0), float(rsf), E, x.shape[1] // 16 if wait_ready else 0,
         FMT=FORMATS.index(fmt), GATED=gated, X_IS_SORTED=x_sorted, HAS_LIMIT=bool(swiglu_limit),
         NT=nt, NW=nw, RT=rt, PIPE=cfg["pipe"], DEPTH=depth, EVEN_K=KG % (nw * depth) == 0,
-        INTERP=_interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
+        INTERP=interpreting(), DIRECT=direct, KP=triton.next_power_of_2(top_k) if direct else 1,
         SCALES_AHEAD=scales_ahead, BULK=bulk, RING=ring, LAUNCH_DEPENDENTS=launch_dependents, PREFETCH=prefetch,
         WAIT_PRIOR=wait_prior, L2_STEPS=int(cfg.get("pdl") or 0) if wait_prior and direct else 0,
         SIGNAL_READY=ready is not None and gated, WAIT_READY=wait_ready,
@@ -1619,58 +1406,3 @@ def _frag_gemm(x, Wf, s, g, out, tw, align, top_k, n_out, fmt, cfg, gated, x_sor
         num_warps=nw, num_stages=1, **({"launch_pdl": True} if prefetch or wait_prior else {}),
         **register_cap(cfg),
     )
-
-
-def fused_moe_w4a16_frag(x, weights: W4A16Weights, topk_weights, topk_ids, *, routed_scaling_factor=1.0,
-                         swiglu_limit: Optional[float] = None, config: Optional[dict] = None,
-                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """fused_moe_w4a16 for fragment-packed weights (make_weights packs them);
-    config: {"gate_up": cfg, "down": cfg} with kernel "frag", NT, num_warps,
-    pipe and (down) RT, as in configs/*.json (one token's gate/up:
-    "direct_split" fixes the programs per row tile that share the token's
-    slots). One token in 8-token blocks takes two launches (direct)."""
-    from .configs import get_config
-
-    assert weights.packed
-    T, H = x.shape
-    k = topk_ids.shape[1]
-    E = weights.num_experts
-    I = weights.inter
-    cfg = config or get_config(weights.fmt, T)
-    bm = 8 * cfg["gate_up"]["NT"]
-    assert cfg["down"]["NT"] * 8 == bm
-    x = x.contiguous()
-    if x.data_ptr() % 16:  # a view at an odd offset: the kernel loads activations 16 bytes at a time
-        x = x.clone()
-    topk_ids = topk_ids.to(torch.int32).contiguous()
-    topk_weights = topk_weights.float().contiguous()
-    num_valid = T * k
-    if T == 1 and bm == 8:
-        # one token: each top-k slot is its own block (no alignment launch) and
-        # the down GEMM sums the slots itself (no combine launch)
-        ids = (topk_ids,) * 3
-        inter = torch.empty((k * bm, I), dtype=torch.bfloat16, device=x.device)
-        _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, ids, k, I, weights.fmt,
-                   cfg["gate_up"], True, False, swiglu_limit, num_valid, direct=True,
-                   launch_dependents=dependent_down(cfg["down"], weights.w2.shape[2], x.device),
-                   scale_shift=weights.shift13)
-        if out is None:
-            out = torch.empty((T, H), dtype=torch.bfloat16, device=x.device)
-        _frag_gemm(inter, weights.w2, weights.s2, weights.g2, out, topk_weights, ids, k, H, weights.fmt,
-                   cfg["down"], False, True, None, num_valid, rsf=routed_scaling_factor, direct=True,
-                   scale_shift=weights.shift2)
-        return out
-    dep = dependent_launches(cfg, x.device)
-    by_block = block_ready(cfg, dep, weights.w2.shape[2])
-    align = routing.moe_align(topk_ids, E, bm, launch_dependents="gate_up" in dep, ready=by_block)
-    ready = align[3] if by_block else None
-    inter = torch.empty((align[0].shape[0], I), dtype=torch.bfloat16, device=x.device)
-    _frag_gemm(x, weights.w13, weights.s13, weights.g13, inter, topk_weights, align, k, I, weights.fmt,
-               cfg["gate_up"], True, False, swiglu_limit, num_valid, launch_dependents="down" in dep,
-               wait_prior="gate_up" in dep, scale_shift=weights.shift13, ready=ready)
-    buf = torch.empty((num_valid, H), dtype=torch.float32, device=x.device)
-    _frag_gemm(inter, weights.w2, weights.s2, weights.g2, buf, topk_weights, align, k, H, weights.fmt,
-               cfg["down"], False, True, None, num_valid, rsf=routed_scaling_factor,
-               launch_dependents="combine" in dep, wait_prior="down" in dep,
-               scale_shift=weights.shift2, ready=ready)
-    return combine(buf, topk_ids, E, routed_scaling_factor, out, wait_prior="combine" in dep)

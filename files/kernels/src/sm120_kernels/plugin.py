@@ -240,7 +240,7 @@ _CT_PARAMS = ("w13_weight_packed", "w13_weight_scale", "w2_weight_packed", "w2_w
 
 
 def _modelopt_weights(layer):
-    from .fused_moe_w4a16 import make_weights
+    from .weights import make_weights
 
     s13 = layer.w13_weight_scale_2
     if s13.dim() == 2 and s13.shape[1] >= 2 and not bool((s13[:, 0] == s13[:, 1]).all()):
@@ -263,7 +263,7 @@ def _rebind(layer, names, W):
 
 
 def _ct_weights(method, layer):
-    from .fused_moe_w4a16 import make_weights
+    from .weights import make_weights
 
     if getattr(method, "num_bits", 4) != 4 or getattr(method, "group_size", None) != 32:
         return None

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 CASE_MODULES = [
-    "sm120_kernels.fused_moe_w4a16",
-    "sm120_kernels.routing",
-    "sm120_kernels.indexer",
-    "sm120_kernels.mhc",
+    "sm120_kernels.moe_cases",
+    "sm120_kernels.routing_cases",
+    "sm120_kernels.indexer_cases",
+    "sm120_kernels.mhc_cases",
 ]
 
 
