@@ -55,66 +55,28 @@ def _dq8_int4_ref(w, s, INTERP: tl.constexpr):
 # FMA keeps). The scale arrives times 2**119, the global scale times 2**7.
 # INT4: (w & 0x000F000F) | 0x43004300 is the bf16 pair (128 + q_i, 128 + q_{i+4});
 # one exact FMA subtracts 136 (= 128 + 8), one FMA applies the scale.
-_DQ8_NVFP4 = """
-        {
-        .reg .b32 q, t, u, s2, v, nz;
-        mov.b32 s2, {$9, $9};
-        mov.b32 nz, 0x80008000;
-        mov.b32 q, $8;
-        shr.u32 t, q, 6;
-        and.b32 t, t, 0x01C001C0;
-        lop3.b32 u, q, 0x80008000, t, 0xEA;
-        fma.rn.bf16x2 v, u, s2, nz;
-        mov.b32 {$3, $7}, v;
-        shl.b32 q, q, 4;
-        shr.u32 t, q, 6;
-        and.b32 t, t, 0x01C001C0;
-        lop3.b32 u, q, 0x80008000, t, 0xEA;
-        fma.rn.bf16x2 v, u, s2, nz;
-        mov.b32 {$2, $6}, v;
-        shl.b32 q, q, 4;
-        shr.u32 t, q, 6;
-        and.b32 t, t, 0x01C001C0;
-        lop3.b32 u, q, 0x80008000, t, 0xEA;
-        fma.rn.bf16x2 v, u, s2, nz;
-        mov.b32 {$1, $5}, v;
-        shl.b32 q, q, 4;
-        shr.u32 t, q, 6;
-        and.b32 t, t, 0x01C001C0;
-        lop3.b32 u, q, 0x80008000, t, 0xEA;
-        fma.rn.bf16x2 v, u, s2, nz;
-        mov.b32 {$0, $4}, v;
-        }
-        """
-_DQ8_INT4 = """
-        {
-        .reg .b32 q, u, s2, v, nz, one, c136;
-        mov.b32 s2, {$9, $9};
-        mov.b32 nz, 0x80008000;
-        mov.b32 one, 0x3F803F80;
-        mov.b32 c136, 0xC308C308;
-        mov.b32 q, $8;
-        lop3.b32 u, q, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 u, u, one, c136;
-        fma.rn.bf16x2 v, u, s2, nz;
-        mov.b32 {$0, $4}, v;
-        shr.u32 q, q, 4;
-        lop3.b32 u, q, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 u, u, one, c136;
-        fma.rn.bf16x2 v, u, s2, nz;
-        mov.b32 {$1, $5}, v;
-        shr.u32 q, q, 4;
-        lop3.b32 u, q, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 u, u, one, c136;
-        fma.rn.bf16x2 v, u, s2, nz;
-        mov.b32 {$2, $6}, v;
-        shr.u32 q, q, 4;
-        lop3.b32 u, q, 0x000F000F, 0x43004300, 0xEA;
-        fma.rn.bf16x2 u, u, one, c136;
-        fma.rn.bf16x2 v, u, s2, nz;
-        mov.b32 {$3, $7}, v;
-        }
-        """
+def _dq8_ptx(fmt: str) -> str:
+    """Four steps, each two nibbles (i, i + 4) into one bf16x2 register pair."""
+    if fmt == "nvfp4":  # nibbles 3, 2, 1, 0 (and + 4), the word shifted left 4 bits per step
+        regs = [".reg .b32 q, t, u, s2, v, nz;", "mov.b32 s2, {$9, $9};", "mov.b32 nz, 0x80008000;"]
+        step = ["shr.u32 t, q, 6;", "and.b32 t, t, 0x01C001C0;", "lop3.b32 u, q, 0x80008000, t, 0xEA;",
+                "fma.rn.bf16x2 v, u, s2, nz;"]
+        order, shift = (3, 2, 1, 0), "shl.b32 q, q, 4;"
+    else:  # nibbles 0, 1, 2, 3 (and + 4), the word shifted right 4 bits per step
+        regs = [".reg .b32 q, u, s2, v, nz, one, c136;", "mov.b32 s2, {$9, $9};", "mov.b32 nz, 0x80008000;",
+                "mov.b32 one, 0x3F803F80;", "mov.b32 c136, 0xC308C308;"]
+        step = ["lop3.b32 u, q, 0x000F000F, 0x43004300, 0xEA;", "fma.rn.bf16x2 u, u, one, c136;",
+                "fma.rn.bf16x2 v, u, s2, nz;"]
+        order, shift = (0, 1, 2, 3), "shr.u32 q, q, 4;"
+    lines = regs + ["mov.b32 q, $8;"]
+    for n, i in enumerate(order):
+        lines += ([shift] if n else []) + step + [f"mov.b32 {{${i}, ${i + 4}}}, v;"]
+    return "\n        {\n        " + "\n        ".join(lines) + "\n        }\n        "
+
+
+_DQ8_NVFP4 = _dq8_ptx("nvfp4")
+_DQ8_INT4 = _dq8_ptx("int4")
+
 _ASM_DQ8_NVFP4 = tl.constexpr(_DQ8_NVFP4)
 _ASM_DQ8_INT4 = tl.constexpr(_DQ8_INT4)
 
