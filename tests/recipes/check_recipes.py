@@ -8,8 +8,10 @@ molecule/examples/models/<recipe>, the model's published config.json and no weig
 separate speculative draft: molecule/examples/models/<recipe>-draft), with the recipe's
 speculative decoding as shipped (every layout) and switched off (the co-located layout),
 then runs the role's validate_release.parse_engine() on it: SGLang 0.5.23's parser and
-its resolution against the model's config, with `--device cpu`. One line per engine;
-exit status 1 when any engine fails or a recipe has no config.json here.
+its resolution against the model's config, with `--device cpu`. Then, once per recipe,
+SGLang's model loader builds the quantization config the engines would load the weights
+with, which must be the one the checkpoint needs (QUANT_CONFIG). One line per check;
+exit status 1 when any check fails or a recipe has no config.json here.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import sys
 import tempfile
 import time
+from multiprocessing import get_context
 from pathlib import Path
 
 import yaml
@@ -30,6 +33,49 @@ from sglang_release import engine_args  # noqa: E402  (the role's renderer)
 from validate_release import parse_engine  # noqa: E402  (the role's validation)
 
 MODELS = REPO / "molecule/examples/models"
+# The quantization config SGLang's loader must build for each shipped checkpoint: the hybrid
+# FP8 attention + NVFP4 experts of DeepSeek-V4-Flash-NVFP4, Kimi-K2.5's compressed-tensors INT4.
+QUANT_CONFIG = {"deepseek-v4-flash-nvfp4": "HybridFp8NvFp4Config", "kimi-k2.5-int4": "CompressedTensorsConfig"}
+
+
+def _quant_config_child(conn, config: str) -> None:
+    try:
+        from sglang.srt.configs.load_config import LoadConfig
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.model_loader.loader import _get_quantization_config
+        from sglang.srt.server_args import prepare_server_args
+
+        server_args = prepare_server_args(["--config", config, "--device", "cpu"])
+        server_args.resolve_once()
+        built = _get_quantization_config(ModelConfig.from_server_args(server_args), LoadConfig())
+        conn.send(type(built).__name__)
+    except Exception as exc:  # noqa: BLE001 - reported as the check's failure
+        conn.send(f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+
+
+def check_quant_config(workdir, name, engine, recipe, model_dir) -> int:
+    """The quantization config the loader builds from the rendered engine; 1 when it is not
+    the checkpoint's (in a forked child, as the engine checks)."""
+    path = workdir / f"{name}.quant.yaml"
+    path.write_text(yaml.safe_dump(engine_args(engine, recipe, str(model_dir), "127.0.0.1")))
+    ctx = get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_quant_config_child, args=(sender, str(path)))
+    proc.start()
+    sender.close()
+    try:
+        built = receiver.recv()
+    except EOFError:
+        built = "the checking process died"
+    proc.join()
+    wanted = QUANT_CONFIG.get(name, "(no expectation in QUANT_CONFIG)")
+    if built == wanted:
+        print(f"ok   {name} quantization {recipe.get('quantization')!r}: the loader builds {built}")
+        return 0
+    print(f"FAIL {name} quantization {recipe.get('quantization')!r}: the loader builds {built}, not {wanted}")
+    return 1
 
 
 def check_engine(workdir, name, spec, layout, engine, recipe, model_dir) -> int:
@@ -66,6 +112,7 @@ def main() -> int:
                     continue
                 for engine in engines:
                     failures += check_engine(workdir, name, spec, layout, engine, variant, model_dir)
+        failures += check_quant_config(workdir, name, recipe["layouts"]["unified_tp8"][0], recipe, model_dir)
     print(f"{failures} failed, in {time.monotonic() - started:.0f} s")
     return 1 if failures else 0
 

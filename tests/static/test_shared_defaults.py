@@ -42,7 +42,7 @@ def write(path: Path, data) -> None:
 def test_an_example_inventory_gets_the_shipped_recipe() -> None:
     """inventory/examples/single-node-pd has no recipe of its own: the shipped one applies."""
     found = probe(REPO / "inventory/examples/single-node-pd")
-    assert found["gpu-box-1"] == {"model": "deepseek-v4-flash-nvfp4", "revision": "", "quantization": "modelopt_fp4",
+    assert found["gpu-box-1"] == {"model": "deepseek-v4-flash-nvfp4", "revision": "", "quantization": "fp8",
                                   "router_port": 8000, "root": "/opt/sm120-serve", "gpus": 8}
 
 
