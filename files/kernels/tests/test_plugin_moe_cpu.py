@@ -61,10 +61,7 @@ def _must_not_run(*a, **k):
 @pytest.fixture
 def frag_config(monkeypatch):
     """Our kernels run with CFG, whatever config file matches this machine."""
-    monkeypatch.setattr(M, "_BENCH_CONFIG_OVERRIDE", {})
-    import sm120_kernels.configs as C
-
-    monkeypatch.setattr(C, "get_config", lambda *a, **k: CFG)
+    monkeypatch.setattr(M, "get_config", lambda *a, **k: CFG)
 
 
 def _apply(method, layer, ids, seed):
