@@ -13,6 +13,8 @@ import yaml
 import promlib
 
 HERE = Path(__file__).resolve().parent
+# The dead man's switch: it fires in every case, a healthy deployment included.
+ALWAYS_FIRING = {"Watchdog"}
 
 
 def rendered(tmp_path: Path) -> list[Path]:
@@ -28,12 +30,19 @@ def test_rules_pass_promtool_check(tmp_path):
 
 def test_every_alert_has_summary_runbook_and_severity(tmp_path):
     alerts = [r for r in promlib.rules(rendered(tmp_path)) if "alert" in r]
-    assert len(alerts) >= 11
+    assert len(alerts) >= 12
     for rule in alerts:
         annotations = rule.get("annotations", {})
         assert annotations.get("summary"), f"{rule['alert']}: no summary"
         assert annotations.get("runbook"), f"{rule['alert']}: no runbook line"
-        assert rule.get("labels", {}).get("severity") in ("warning", "critical"), rule["alert"]
+        wanted = ("none",) if rule["alert"] in ALWAYS_FIRING else ("warning", "critical")
+        assert rule.get("labels", {}).get("severity") in wanted, rule["alert"]
+
+
+def test_watchdog_always_fires(tmp_path):
+    """The dead man's switch fires on any data and on none (it needs no series)."""
+    watchdog = next(r for r in promlib.rules(rendered(tmp_path)) if r.get("alert") == "Watchdog")
+    assert watchdog["expr"] == "vector(1)" and "for" not in watchdog
 
 
 def test_every_alert_has_a_firing_and_a_quiet_case(tmp_path):
@@ -44,7 +53,8 @@ def test_every_alert_has_a_firing_and_a_quiet_case(tmp_path):
         for check in case.get("alert_rule_test", []):
             (fires if check.get("exp_alerts") else quiet).add(check["alertname"])
     assert alerts - fires == set(), f"alerts never shown to fire: {sorted(alerts - fires)}"
-    assert alerts - quiet == set(), f"alerts never shown to stay quiet: {sorted(alerts - quiet)}"
+    assert alerts - quiet - ALWAYS_FIRING == set(), f"alerts never shown to stay quiet: {sorted(alerts - quiet)}"
+    assert quiet & ALWAYS_FIRING == set(), f"shown quiet, but must always fire: {sorted(quiet & ALWAYS_FIRING)}"
 
 
 def test_alert_rules_fire_and_stay_quiet(tmp_path):

@@ -1,7 +1,7 @@
 """preflight's checks of the inputs that the roles after it would refuse only late.
 
-Each later role (nvidia_driver, cuda_toolkit, node_exporter, gpu_exporter, prometheus,
-grafana, sglang_release, sglang_router) refuses some inputs itself, but only in its own
+Each later role (nvidia_driver, cuda_toolkit, node_exporter, gpu_exporter, alertmanager,
+prometheus, grafana, sglang_release, sglang_router) refuses some inputs itself, but only in its own
 play, after earlier plays or hosts have changed. preflight_checks.py refuses them first;
 these tests pin what it refuses, what it lets through, and that the roles' defaults it falls
 back to are values it can judge.
@@ -25,7 +25,7 @@ _spec.loader.exec_module(checks)
 LOCK = REPO / "files" / "sglang" / "requirements.lock"
 # "<host>: <variable>: <what is wrong> Fix: <what to do>."
 MESSAGE = re.compile(r"^[\w.-]+: [\w\[\]().' -]+: .+[.;)] Fix: .+\.$")
-ROLE_PREFIXES = ("grafana", "prometheus", "node_exporter", "gpu_exporter", "nvidia_driver", "cuda_toolkit",
+ROLE_PREFIXES = ("alertmanager", "grafana", "prometheus", "node_exporter", "gpu_exporter", "nvidia_driver", "cuda_toolkit",
                  "sglang_release", "sglang_router")
 
 
@@ -118,6 +118,72 @@ def test_prometheus_tarball_url_and_thresholds():
     good = {"prometheus_alert_ttft_p99_seconds": "2.5", "prometheus_alert_queue_backlog_requests": 0,
             "prometheus_alert_model_disk_free_ratio": 0.05, "prometheus_model_root": "/data/models"}
     assert checks.prometheus_errors(good, "h", "Debian", "12") == []
+
+
+# ------------------------------------------------------------------------- alertmanager
+WEBHOOK = {"name": "oncall", "type": "webhook", "url": "https://hooks.example.com/alerts"}
+
+
+def test_alertmanager_defaults_pass_on_debian_and_need_a_pin_elsewhere():
+    assert checks.alertmanager_errors({}, "h", "Debian", "12") == []
+    assert checks.alertmanager_errors({}, "h", "Debian", "13") == []
+    errors = _well_formed(checks.alertmanager_errors({}, "h", "Ubuntu", "24"))
+    assert len(errors) == 1 and "no pinned version of prometheus-alertmanager for Ubuntu-24" in errors[0]
+    pinned = {"alertmanager_package_versions": {"Ubuntu-24": "0.26.0+ds-1"}}
+    assert checks.alertmanager_errors(pinned, "h", "Ubuntu", "24") == []
+
+
+def test_alertmanager_receivers_of_each_type_pass():
+    variables = {"alertmanager_receivers": [
+        WEBHOOK, {"name": "mail", "type": "email", "to": "ops@example.com"},
+        {"name": "chat", "type": "slack", "url": "https://chat.example.com/hooks/x", "channel": "#alerts"}],
+        "alertmanager_smtp_smarthost": "smtp.example.com:587", "alertmanager_smtp_from": "am@example.com",
+        "alertmanager_default_receiver": "mail", "alertmanager_watchdog_receiver": "oncall",
+        "alertmanager_routes": [{"matchers": ['severity="critical"'], "receiver": "oncall"}, {"matchers": ["x=y"]}]}
+    assert checks.alertmanager_errors(variables, "h", "Debian", "12") == []
+
+
+@pytest.mark.parametrize("receiver, variable, problem", [
+    ({"name": "oncall", "type": "webhook"}, "alertmanager_receivers[0] (oncall)", "url None is not an http(s) URL"),
+    ({"name": "chat", "type": "slack", "url": "hooks.slack.com/x"}, "alertmanager_receivers[0] (chat)",
+     "is not an http(s) URL"),
+    ({"name": "mail", "type": "email"}, "alertmanager_receivers[0] (mail)", "to None is not a mail address"),
+    ({"name": "pager", "type": "pagerduty", "url": "https://x"}, "alertmanager_receivers[0] (pager)",
+     "type 'pagerduty' is not a receiver type"),
+    ({"type": "webhook", "url": "https://x"}, "alertmanager_receivers[0]", "has no name"),
+    ({"name": "none", "type": "webhook", "url": "https://x"}, "alertmanager_receivers[0] (none)", "reserved name"),
+    ("https://x", "alertmanager_receivers[0]", "is not a mapping"),
+])
+def test_alertmanager_receiver_without_a_destination_is_refused(receiver, variable, problem):
+    relay = {"alertmanager_smtp_smarthost": "smtp.example.com:587", "alertmanager_smtp_from": "am@example.com"}
+    errors = _well_formed(checks.alertmanager_errors({"alertmanager_receivers": [receiver], **relay}, "h", "Debian", "12"))
+    assert len(errors) == 1 and errors[0].startswith(f"h: {variable}: ") and problem in errors[0], errors
+
+
+def test_alertmanager_email_needs_a_mail_relay_and_a_sender():
+    variables = {"alertmanager_receivers": [{"name": "mail", "type": "email", "to": "ops@example.com"}]}
+    errors = _well_formed(checks.alertmanager_errors(variables, "h", "Debian", "12"))
+    assert [e.split(":")[1].strip() for e in errors] == ["alertmanager_smtp_smarthost", "alertmanager_smtp_from"]
+    errors = checks.alertmanager_errors({**variables, "alertmanager_smtp_smarthost": "smtp.example.com",
+                                         "alertmanager_smtp_from": "am@example.com"}, "h", "Debian", "12")
+    assert len(errors) == 1 and "'smtp.example.com' is not host:port" in errors[0]
+    # Without an email receiver the relay is not needed.
+    assert checks.alertmanager_errors({"alertmanager_receivers": [WEBHOOK]}, "h", "Debian", "12") == []
+
+
+def test_alertmanager_routes_name_known_receivers_and_durations_are_durations():
+    variables = {"alertmanager_receivers": [WEBHOOK, {**WEBHOOK}], "alertmanager_default_receiver": "pager",
+                 "alertmanager_watchdog_receiver": "deadmans", "alertmanager_group_wait": "30 seconds",
+                 "alertmanager_routes": [{"matchers": ['severity="critical"'], "receiver": "sms"}]}
+    errors = _well_formed(checks.alertmanager_errors(variables, "h", "Debian", "12"))
+    assert [e.split(": ")[1] for e in errors] == [
+        "alertmanager_receivers[1] (oncall)", "alertmanager_default_receiver", "alertmanager_watchdog_receiver",
+        "alertmanager_routes[0].receiver", "alertmanager_group_wait"]
+    assert "'sms' names no receiver" in errors[3]
+    assert "is not a list of routes" in _well_formed(
+        checks.alertmanager_errors({"alertmanager_routes": {"receiver": "x"}}, "h", "Debian", "12"))[0]
+    assert "is not a list" in _well_formed(
+        checks.alertmanager_errors({"alertmanager_receivers": WEBHOOK}, "h", "Debian", "12"))[0]
 
 
 # ------------------------------------------------------------------------ node_exporter

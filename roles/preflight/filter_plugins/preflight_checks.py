@@ -294,7 +294,7 @@ def disk_errors(mounts, path, needed_gb, host, var, needed_for="model weights an
 # construction.
 
 # The roles after preflight, whose defaults/main.yml sit beside this role's directory.
-LATER_ROLES = ("grafana", "prometheus", "node_exporter", "gpu_exporter", "nvidia_driver", "cuda_toolkit",
+LATER_ROLES = ("alertmanager", "grafana", "prometheus", "node_exporter", "gpu_exporter", "nvidia_driver", "cuda_toolkit",
                "sglang_release", "sglang_router")
 ROLES_DIR = Path(__file__).resolve().parents[2]
 
@@ -446,6 +446,88 @@ def prometheus_errors(variables, host, distribution, major):
         errors.append(_err(host, "prometheus_model_root", f"{root!r} is not an absolute path; the model-disk "
                            "alert watches the filesystem that holds it.",
                            "set sglang_model_root (or prometheus_model_root) to an absolute path."))
+    return errors
+
+
+ALERTMANAGER_RECEIVER_TYPES = ("webhook", "email", "slack")
+ALERTMANAGER_NULL_RECEIVER = "none"  # the role's built-in receiver without a destination
+HTTP_URL = re.compile(r"https?://\S+")
+MAIL_ADDRESS = re.compile(r"[^@\s]+@[^@\s]+")
+HOST_PORT = re.compile(r"\S+:[0-9]+")
+DURATION = re.compile(r"([0-9]+(ms|s|m|h|d|w|y))+")
+
+
+def _receiver_errors(host, receivers):
+    """alertmanager_receivers: each one a named destination amtool accepts."""
+    if not isinstance(receivers, list):
+        return [_err(host, "alertmanager_receivers", f"{receivers!r} is not a list.",
+                     "list receivers as {name, type, url} or {name, type: email, to}.")], []
+    errors, names = [], []
+    for index, receiver in enumerate(receivers):
+        var = f"alertmanager_receivers[{index}]"
+        if not isinstance(receiver, dict):
+            errors.append(_err(host, var, f"{receiver!r} is not a mapping.", "write it as {name, type, url}."))
+            continue
+        name = str(receiver.get("name") or "")
+        if name:
+            var += f" ({name})"
+        kind = receiver.get("type")
+        if not name or name == ALERTMANAGER_NULL_RECEIVER or name in names:
+            errors.append(_err(host, var, "has no name, a name used twice, or the reserved name "
+                               f"{ALERTMANAGER_NULL_RECEIVER!r}; routes name receivers.",
+                               "give each receiver its own name."))
+        names.append(name)
+        if kind not in ALERTMANAGER_RECEIVER_TYPES:
+            errors.append(_err(host, var, f"type {kind!r} is not a receiver type.", "use webhook, email or slack."))
+        elif kind == "email" and not MAIL_ADDRESS.fullmatch(str(receiver.get("to") or "").strip()):
+            errors.append(_err(host, var, f"to {receiver.get('to')!r} is not a mail address; Alertmanager would "
+                               "have nowhere to send.", "set to: <address> (e.g. ops@example.com)."))
+        elif kind != "email" and not HTTP_URL.fullmatch(str(receiver.get("url") or "").strip()):
+            errors.append(_err(host, var, f"url {receiver.get('url')!r} is not an http(s) URL; Alertmanager would "
+                               "have nowhere to send.", f"set url: to the {kind} endpoint (https://...)."))
+    return errors, names
+
+
+def alertmanager_errors(variables, host, distribution, major):
+    """alertmanager (monitoring hosts): a pinned package for the host's release, receivers
+    with a destination, a mail relay for email receivers, routes that name known receivers,
+    and durations. amtool would refuse most of these, but only in the monitoring play."""
+    errors = []
+    key = _release_key(distribution, major)
+    versions = _get(variables, "alertmanager_package_versions")
+    if not isinstance(versions, dict) or not str(versions.get(key) or ""):
+        errors.append(_err(host, "alertmanager_package_versions", f"no pinned version of prometheus-alertmanager "
+                           f"for {key}, this host's release.",
+                           f'add "{key}: <version>" (apt-cache policy prometheus-alertmanager).'))
+    receivers = _get(variables, "alertmanager_receivers")
+    receiver_errors, names = _receiver_errors(host, receivers)
+    errors += receiver_errors
+    if isinstance(receivers, list) and any(isinstance(r, dict) and r.get("type") == "email" for r in receivers):
+        smarthost = str(_get(variables, "alertmanager_smtp_smarthost") or "").strip()
+        if not HOST_PORT.fullmatch(smarthost):
+            errors.append(_err(host, "alertmanager_smtp_smarthost", f"{smarthost!r} is not host:port; the email "
+                               "receivers send through it.", "set the mail relay, e.g. smtp.example.com:587."))
+        sender = str(_get(variables, "alertmanager_smtp_from") or "").strip()
+        if not MAIL_ADDRESS.fullmatch(sender):
+            errors.append(_err(host, "alertmanager_smtp_from", f"{sender!r} is not a mail address; email "
+                               "notifications need a sender.", "set it, e.g. alertmanager@example.com."))
+    known = set(names) | {ALERTMANAGER_NULL_RECEIVER, ""}
+    named = [("alertmanager_default_receiver", _get(variables, "alertmanager_default_receiver")),
+             ("alertmanager_watchdog_receiver", _get(variables, "alertmanager_watchdog_receiver"))]
+    routes = _get(variables, "alertmanager_routes")
+    if not isinstance(routes, list) or not all(isinstance(r, dict) for r in routes):
+        errors.append(_err(host, "alertmanager_routes", f"{routes!r} is not a list of routes.",
+                           "list routes as {matchers: [...], receiver: <name>}."))
+        routes = []
+    named += [(f"alertmanager_routes[{i}].receiver", r.get("receiver", "")) for i, r in enumerate(routes)]
+    for var, name in named:
+        if str(name or "") not in known:
+            errors.append(_err(host, var, f"{name!r} names no receiver of alertmanager_receivers.",
+                               "add that receiver, or correct the name."))
+    for var in ("alertmanager_group_wait", "alertmanager_group_interval", "alertmanager_repeat_interval"):
+        value = _get(variables, var)
+        if not DURATION.fullmatch(str(value).strip()):
+            errors.append(_err(host, var, f"{value!r} is not a duration.", "write it as Prometheus does, e.g. 30s, 5m or 4h."))
     return errors
 
 
@@ -804,6 +886,7 @@ class FilterModule:
             "preflight_disk_errors": disk_errors,
             "preflight_grafana_errors": grafana_errors,
             "preflight_prometheus_errors": prometheus_errors,
+            "preflight_alertmanager_errors": alertmanager_errors,
             "preflight_node_exporter_errors": node_exporter_errors,
             "preflight_gpu_exporter_errors": gpu_exporter_errors,
             "preflight_gpu_host_errors": gpu_host_errors,
