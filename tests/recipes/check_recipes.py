@@ -20,7 +20,6 @@ import os
 import sys
 import tempfile
 import time
-from multiprocessing import get_context
 from pathlib import Path
 
 import yaml
@@ -30,7 +29,7 @@ sys.dont_write_bytecode = True  # import the role's modules without leaving cach
 sys.path[:0] = [str(REPO / "roles/sglang_release/filter_plugins"), str(REPO / "roles/sglang_release/files")]
 
 from sglang_release import engine_args  # noqa: E402  (the role's renderer)
-from validate_release import parse_engine  # noqa: E402  (the role's validation)
+from validate_release import parse_engine, run_forked  # noqa: E402  (the role's validation)
 
 MODELS = REPO / "molecule/examples/models"
 # The quantization config SGLang's loader must build for each shipped checkpoint: the hybrid
@@ -38,7 +37,8 @@ MODELS = REPO / "molecule/examples/models"
 QUANT_CONFIG = {"deepseek-v4-flash-nvfp4": "HybridFp8NvFp4Config", "kimi-k2.5-int4": "CompressedTensorsConfig"}
 
 
-def _quant_config_child(conn, config: str) -> None:
+def _quant_config(config: str) -> str:
+    """The class name of the quantization config SGLang's loader builds for CONFIG."""
     try:
         from sglang.srt.configs.load_config import LoadConfig
         from sglang.srt.configs.model_config import ModelConfig
@@ -47,12 +47,9 @@ def _quant_config_child(conn, config: str) -> None:
 
         server_args = prepare_server_args(["--config", config, "--device", "cpu"])
         server_args.resolve_once()
-        built = _get_quantization_config(ModelConfig.from_server_args(server_args), LoadConfig())
-        conn.send(type(built).__name__)
+        return type(_get_quantization_config(ModelConfig.from_server_args(server_args), LoadConfig())).__name__
     except Exception as exc:  # noqa: BLE001 - reported as the check's failure
-        conn.send(f"{type(exc).__name__}: {exc}")
-    finally:
-        conn.close()
+        return f"{type(exc).__name__}: {exc}"
 
 
 def check_quant_config(workdir, name, engine, recipe, model_dir) -> int:
@@ -60,16 +57,7 @@ def check_quant_config(workdir, name, engine, recipe, model_dir) -> int:
     the checkpoint's (in a forked child, as the engine checks)."""
     path = workdir / f"{name}.quant.yaml"
     path.write_text(yaml.safe_dump(engine_args(engine, recipe, str(model_dir), "127.0.0.1")))
-    ctx = get_context("fork")
-    receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_quant_config_child, args=(sender, str(path)))
-    proc.start()
-    sender.close()
-    try:
-        built = receiver.recv()
-    except EOFError:
-        built = "the checking process died"
-    proc.join()
+    built = run_forked(_quant_config, str(path), died="the checking process died")
     wanted = QUANT_CONFIG.get(name, "(no expectation in QUANT_CONFIG)")
     if built == wanted:
         print(f"ok   {name} quantization {recipe.get('quantization')!r}: the loader builds {built}")

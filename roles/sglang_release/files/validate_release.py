@@ -53,11 +53,28 @@ def _parse_and_resolve(config: str, device: str) -> dict:
             "disaggregation_mode": str(sa.disaggregation_mode)}
 
 
-def _child(conn, config: str, device: str) -> None:
+def _child(conn, fn, args) -> None:
     try:
-        conn.send(_parse_and_resolve(config, device))
+        conn.send(fn(*args))
     finally:
         conn.close()
+
+
+def run_forked(fn, *args, died):
+    """fn(*args) in a forked child, so that no check sees another's state; `died` when the
+    child ends without an answer."""
+    _import_before_fork()
+    ctx = get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(sender, fn, args))
+    proc.start()
+    sender.close()
+    try:
+        result = receiver.recv()
+    except EOFError:
+        result = died
+    proc.join()
+    return result
 
 
 # What argument resolution imports (its hooks, the model configs: about 2,000 modules, 30 s
@@ -77,18 +94,8 @@ def parse_engine(config: str, device: str) -> dict:
     """One engine config through SGLang's parser, then its resolution, as `sglang serve`
     does before loading weights: resolution reads the model's config.json and applies the
     model's own checks. Each engine in a forked child, so none sees another's state."""
-    _import_before_fork()
-    ctx = get_context("fork")
-    receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(sender, config, device))
-    proc.start()
-    sender.close()
-    try:
-        result = receiver.recv()
-    except EOFError:
-        result = {"ok": False, "error": "the validating process died"}
-    proc.join()
-    return result
+    return run_forked(_parse_and_resolve, config, device,
+                      died={"ok": False, "error": "the validating process died"})
 
 
 def check_plugin(name: str) -> dict:
