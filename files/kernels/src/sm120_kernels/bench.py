@@ -1,7 +1,7 @@
 """Benchmarks: time, bytes moved, bandwidth as a fraction of the device's
 measured copy bandwidth, and speed-up over the torch reference.
 
-    python -m sm120_kernels.bench [--plot bench.png] [--json PATH] [-k SUBSTRING] [--no-ref]
+    python -m sm120_kernels.bench [--plot bench.png] [--json PATH] [-k SUBSTRING] [--no-ref] [--peer]
 
 Method (the device tool's METHOD.md), two figures per case, medians:
 - single call (time_us): the call captured alone in a CUDA graph, as SGLang's
@@ -78,6 +78,35 @@ def bench_figures(spec, bw: float) -> dict:
                     "stream_calls": reps, "stream_input_sets": len(spec.stream_calls),
                     "stream_bw_fraction": round(spec.bytes / (ts * 1e-6) / bw, 3)})
     return row
+
+
+def peer_figures(spec, ours_us: float, pkg) -> dict:
+    """bench --peer: SGLang's own MoE kernel for these weights (peer.py) on
+    the case's inputs, checked against the torch reference, then timed as ours
+    is (its GEMM launches only); speedup is its in-stream time over ours."""
+    from triton.testing import do_bench
+
+    from . import peer
+    from .registry import compare, graphed
+
+    p = spec.extra["_peer"]
+    ref = spec.ref_fn()
+    figures = {"ours": compare(p["out"](), ref).detail}
+    for name, factory in peer.peers(p["model"], p["weights"], pkg).items():
+        try:
+            kernel = factory()
+            gemms, full = kernel.bind(*p["inputs"])
+            check = compare(full(), ref)
+            if not check.ok:
+                figures[name] = {"error": f"disagrees with the reference: {check.detail}"}
+                continue
+            t = do_bench(graphed(gemms, warmup=1), warmup=25, rep=200, return_mode="median") * 1e3
+            ts, _ = stream_time_us([kernel.bind(*inputs)[0] for inputs in p["stream_inputs"]])
+            figures[name] = {"time_us": round(t, 2), "stream_us": round(ts, 2), "check": check.detail,
+                             "speedup": round(ts / ours_us, 2)}
+        except Exception as exc:  # a peer that cannot run here is a result too
+            figures[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    return figures
 
 
 def plot(rows, path, device_name, bw) -> list[str]:
@@ -279,6 +308,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the JSON here")
     ap.add_argument("-k", dest="filter")
     ap.add_argument("--no-ref", action="store_true", help="skip timing the torch reference")
+    ap.add_argument("--peer", nargs="?", const="", metavar="SGLANG_DIR",
+                    help="also time SGLang's own MoE kernel for these weights on the same inputs "
+                    "(from the installed SGLang, or the sglang package directory given)")
     ap.add_argument("--tune", metavar="PATH",
                     help="time the candidate configs per case, use the fastest, write them as a config file")
     args = ap.parse_args(argv)
@@ -294,6 +326,11 @@ def main(argv=None) -> int:
     bw = copy_bandwidth(dev)
     rows = []
     tuned = {}
+    pkg = None
+    if args.peer is not None:
+        from . import peer
+
+        pkg = peer.sglang_dir(args.peer)
     for case in bench_cases():
         if args.filter and args.filter not in case.name:
             continue
@@ -308,6 +345,13 @@ def main(argv=None) -> int:
             tr = do_bench(spec.ref_fn, warmup=1, rep=300, return_mode="median") * 1e3
             row["ref_time_us"] = round(tr, 1)
             row["speedup"] = round(tr / t, 1)
+        if pkg is not None and "_peer" in spec.extra:
+            row["peers"] = peer_figures(spec, judged, pkg)
+            for pname, fig in row["peers"].items():
+                if pname != "ours":
+                    print(f"# {case.name} {pname}: " + (fig["error"] if "error" in fig else
+                          f"in stream {fig['stream_us']:.1f} us, ours x{fig['speedup']} faster ({fig['check']})"),
+                          file=sys.stderr, flush=True)
         fraction = spec.extra.get("_target_fraction", TARGET_FRACTION)
         if case.batch == 1 and case.name.startswith("moe_w4a16"):
             row["target"] = f"< {TARGET_BATCH1_US} us"
@@ -326,6 +370,8 @@ def main(argv=None) -> int:
               "method": "medians; time_us: one call per CUDA-graph replay, L2 cleared before each; "
               "stream_us: calls back to back in one graph over input sets twice the L2, per call",
               "results": rows}
+    if pkg is not None:
+        result["peer"] = f"SGLang {peer.sglang_version(pkg)}: {peer.KERNEL_FILE}"
     text = json.dumps(result, indent=1)
     print(text)
     if args.json:

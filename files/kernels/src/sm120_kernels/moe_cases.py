@@ -122,11 +122,12 @@ def _bench_moe(model, batch):
         # layers do; enough sets that together they read twice the L2
         nbytes = moe_bytes(model, batch, len(active))
         n_sets = min(stream_sets(nbytes, device), max(2, model.local_experts // len(active)))
-        stream_calls = []
+        stream_calls, stream_inputs = [], []
         for i in range(n_sets):
             ids_i = torch.where(ids >= 0, (ids + i * len(active)) % model.local_experts, ids)
             x_i = torch.randn((batch, model.hidden), device=device).to(torch.bfloat16)
             out_i = torch.empty_like(x_i)
+            stream_inputs.append((x_i, tw, ids_i))
             stream_calls.append(lambda x_i=x_i, ids_i=ids_i, out_i=out_i:
                                 fused_moe_w4a16(x_i, W, tw, ids_i, out=out_i, config=cfg, **kw))
         # the reference reads checkpoint-order words: unpack once, outside the timing
@@ -135,7 +136,10 @@ def _bench_moe(model, batch):
             fn=fn, bytes=nbytes, stream_calls=stream_calls,
             ref_fn=lambda: moe_w4a16_reference(x, W_ref, tw, ids, **kw),
             extra={"model": model.name, "fmt": model.fmt, "active_experts": len(active),
-                   "local_slots": int((ids >= 0).sum().item()), "cuda_graph": fn is not call})
+                   "local_slots": int((ids >= 0).sum().item()), "cuda_graph": fn is not call,
+                   # bench --peer: the same inputs for SGLang's own kernels
+                   "_peer": {"model": model, "weights": W, "inputs": (x, tw, ids),
+                             "stream_inputs": stream_inputs, "out": call}})
 
     return make
 
