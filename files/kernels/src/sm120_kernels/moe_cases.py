@@ -64,6 +64,23 @@ def selftest_cases():
     return cases
 
 
+def cpu_selftest_cases():
+    """selftest --cpu: each model's format and clamp on 4 local experts of
+    128 x 64 (the fragment kernel's smallest shapes), one through each path:
+    three tokens (aligned blocks and the combine) and one (two launches)."""
+    from dataclasses import replace
+
+    from .models import MODELS
+    from .registry import SelfTestCase
+
+    cases = []
+    for m in MODELS:
+        small = replace(m, name=f"{m.name} small", hidden=128, inter=64, experts=32, top_k=3)
+        for b in (3,) if m.fmt == "nvfp4" else (1,):
+            cases.append(SelfTestCase(f"moe_w4a16[{small.name},{m.fmt},ep8,batch={b}]", _selftest_moe(small, b, "ep8")))
+    return cases
+
+
 def moe_bytes(model, batch: int, n_active: int) -> int:
     """Fewest bytes: the active experts' weights and scales once, x read, out written."""
     return n_active * weight_bytes_per_expert(model.fmt, model.hidden, model.inter) + 2 * 2 * batch * model.hidden

@@ -1,8 +1,9 @@
 """Where selftest and bench find their cases.
 
 Each module named in CASE_MODULES exposes
-  selftest_cases() -> list[SelfTestCase]
-  bench_cases()    -> list[BenchCase]          (optional)
+  selftest_cases()     -> list[SelfTestCase]
+  cpu_selftest_cases() -> list[SelfTestCase]   (optional: small shapes, selftest --cpu)
+  bench_cases()        -> list[BenchCase]      (optional)
 Add a kernel by appending its module here.
 """
 
@@ -84,10 +85,12 @@ def _modules():
     return [importlib.import_module(m) for m in CASE_MODULES]
 
 
-def selftest_cases() -> list[SelfTestCase]:
+def selftest_cases(cpu: bool = False) -> list[SelfTestCase]:
+    """Every module's selftest_cases(), or with cpu its cpu_selftest_cases()
+    (small shapes for the Triton interpreter) where it has them."""
     out = []
     for m in _modules():
-        out.extend(getattr(m, "selftest_cases", lambda: [])())
+        out.extend(getattr(m, "cpu_selftest_cases" if cpu else "selftest_cases", lambda: [])())
     return out
 
 

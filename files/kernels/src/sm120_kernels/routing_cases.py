@@ -67,3 +67,14 @@ def selftest_cases():
     for T, k, E in ((1, 6, 32), (64, 6, 32), (64, 8, 48), (512, 8, 48)):
         cases.append(SelfTestCase(f"align[T={T},k={k},E={E}]", lambda d, a=(T, k, E): check_align(d, *a, 16)))
     return cases
+
+
+def cpu_selftest_cases():
+    """selftest --cpu: each scoring on 32 experts, ties, and the alignment, small."""
+    from .registry import SelfTestCase
+
+    cases = [SelfTestCase(f"topk[{name} small]", lambda d, a=(sc, ng, tg): check_topk(d, 32, 4, *a, T=8))
+             for name, _, _, sc, ng, tg in ROUTING_CASES]
+    cases.append(SelfTestCase("topk[sigmoid small,ties]", lambda d: check_topk(d, 32, 4, "sigmoid", 1, 1, T=8, ties=True)))
+    cases.append(SelfTestCase("align[T=8,k=3,E=4]", lambda d: check_align(d, 8, 3, 4, 16)))
+    return cases
