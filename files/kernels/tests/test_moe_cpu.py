@@ -171,9 +171,9 @@ def test_exchange_asm_layout():
 def test_block_walkers_cap(interpret, fmt, family, walkers):
     """walkers caps the programs per row tile that walk the expert blocks:
     with fewer walkers than blocks each walks several, and the output is the
-    uncapped launch's bit for bit (T 20, three slots each over four experts:
+    uncapped launch's bit for bit (T 12, three slots each over four experts:
     more blocks than walkers with 8- and with 16-token blocks)."""
-    E, H, I, k, T = 4, 128, 64, 3, 20
+    E, H, I, k, T = 4, 128, 64, 3, 12
     g = torch.Generator().manual_seed(T)
     ids = torch.randint(0, 4, (T, k), generator=g, dtype=torch.int32)
     ids[1] = torch.tensor([-1, 9, -1], dtype=torch.int32)
