@@ -879,13 +879,13 @@ def _render(value, variables, host):
     return value
 
 
-def _role_value(variables, host, name, fallback=None):
+def _role_value(variables, host, name):
     """A later role's variable for this host (the inventory's value, else the role's
     default), rendered."""
     if variables is not None and name in variables:
         value = variables[name]
     else:
-        value = role_defaults().get(name, fallback)
+        value = role_defaults()[name]
     return _render(value, variables, host)
 
 
