@@ -145,10 +145,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Prometheus:
     """A real Prometheus (Debian's binary) on a loopback port, over a given TSDB directory."""
 
-    def __init__(self, workdir: Path, tsdb: Path, rule_files: list[Path] | None = None):
+    def __init__(self, workdir: Path, tsdb: Path, rule_files: list[Path] | None = None, evaluation_interval: str = "15s"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = {"global": {"evaluation_interval": "15s"}, "rule_files": [str(p) for p in rule_files or []]}
+        config = {"global": {"evaluation_interval": evaluation_interval}, "rule_files": [str(p) for p in rule_files or []]}
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.log = open(workdir / "prometheus.log", "wb")
         self.proc = subprocess.Popen(

@@ -128,7 +128,8 @@ def fixture_prometheus(tmp_path_factory):
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     rules = promlib.render_rules(work / "rules")
-    prom = promlib.Prometheus(work, tsdb, rules)
+    # Rules evaluated every 2 s: the alerts panel's test waits for the Watchdog's first round.
+    prom = promlib.Prometheus(work, tsdb, rules, evaluation_interval="2s")
     yield prom, end
     prom.stop()
 
@@ -199,3 +200,30 @@ def test_pd_overview_shows_the_accept_length_beside_decode_throughput():
     assert spec["y"] == decode["y"] and spec["x"] == decode["x"] + decode["w"]
     assert [t["expr"] for t in by_title["Speculative accept length"]["targets"]] == [
         'sglang:spec_accept_length:avg5m{host=~"$host", role=~"$role", instance=~"$instance"}']
+
+
+ALERTS_PANEL = "Firing alerts by severity"
+
+
+@pytest.mark.parametrize("name", ["gpu-hosts.json", "sglang-pd-overview.json"])
+def test_alerts_panel_counts_the_rules_firing_alerts_by_severity(fixture_prometheus, name):
+    """The GPU and PD dashboards open with the firing alerts by severity: against the fixture
+    Prometheus, which evaluates the role's real alert rules, the panel's query counts the
+    Watchdog under severity none (All hosts), and no alert for a host that fires none."""
+    prom, _ = fixture_prometheus
+    dash = promlib.dashboards()[name]
+    (panel,) = [p for p in promlib.panels(dash) if p["title"] == ALERTS_PANEL]
+    assert panel["gridPos"]["y"] == 0 and panel["gridPos"]["w"] == 24, "the first thing on the dashboard"
+    (target,) = panel["targets"]
+    assert target["legendFormat"] == "{{severity}}" and target["instant"]
+    deadline, result = time.time() + 60, []
+    while time.time() < deadline:  # until the rules' first evaluation
+        answer = promlib.query(prom.url, promlib.substitute(target["expr"]))
+        assert answer["status"] == "success", answer
+        result = answer["data"]["result"]
+        if result:
+            break
+        time.sleep(2)
+    assert [(r["metric"], r["value"][1]) for r in result] == [({"severity": "none"}, "1")]
+    quiet = promlib.query(prom.url, promlib.substitute(target["expr"], {"host": "gpu-dcgm"}))
+    assert quiet["status"] == "success" and quiet["data"]["result"] == []

@@ -1,4 +1,4 @@
-"""The shipped inventories (examples and the lab) pass preflight's engine and topology checks."""
+"""The shipped inventories (examples and the lab) pass preflight's engine, listener and topology checks."""
 
 from __future__ import annotations
 
@@ -26,17 +26,17 @@ def host_vars(inventory: Path) -> tuple[dict, InventoryManager]:
 
 
 @pytest.mark.parametrize("inventory", INVENTORIES, ids=[p.name for p in INVENTORIES])
-def test_inventory_passes_engine_and_topology_checks(inventory: Path) -> None:
+def test_inventory_passes_engine_listener_and_topology_checks(inventory: Path) -> None:
     hostvars, manager = host_vars(inventory)
     engine_hosts = [h.name for h in manager.groups["sglang_engine_hosts"].get_hosts()]
     router_hosts = [h.name for h in manager.groups["sglang_router_hosts"].get_hosts()]
     assert engine_hosts and router_hosts
     errors = []
     for host in engine_hosts:
-        hv = hostvars[host]
-        address = hv.get("ansible_host", host)
-        ports = {"port": 8000, "metrics_port": 29000} if host in router_hosts else {}
-        errors += checks.engine_errors(hv["sglang_engines"], host, 8, address, ports)
+        errors += checks.engine_errors(hostvars[host]["sglang_engines"], host, 8)
+    groups = {name: [h.name for h in group.get_hosts()] for name, group in manager.groups.items()}
+    for host in hostvars:
+        errors += checks.listener_errors(hostvars[host], host, groups)
     resolved = {h: {"sglang_engines": hostvars[h]["sglang_engines"], "ansible_host": hostvars[h].get("ansible_host")}
                 for h in engine_hosts}
     errors += checks.topology_errors(resolved, engine_hosts, router_hosts)
@@ -57,6 +57,20 @@ def test_checks_catch_an_overlap_in_an_example() -> None:
     hostvars, _ = host_vars(REPO / "inventory/examples/single-node-pd")
     engines = [dict(e) for e in hostvars["gpu-box-1"]["sglang_engines"]]
     engines[1]["gpus"] = [3, 4, 5, 6]
-    errors = checks.engine_errors(engines, "gpu-box-1", 8, "10.0.0.11", {})
+    errors = checks.engine_errors(engines, "gpu-box-1", 8)
     assert errors == ["gpu-box-1: sglang_engines[1] (decode-0).gpus: GPU 3 is also used by prefill-0. "
                       "Fix: give each engine on a host its own GPUs."]
+
+
+def test_listeners_of_an_example_box() -> None:
+    """Every listener the roles open on the single-node PD box, at the example's address."""
+    hostvars, manager = host_vars(REPO / "inventory/examples/single-node-pd")
+    groups = {name: [h.name for h in group.get_hosts()] for name, group in manager.groups.items()}
+    found = {(address, port, user) for address, port, user, _ in checks.listeners(hostvars["gpu-box-1"], "gpu-box-1", groups)}
+    assert found == {("10.0.0.11", 9100, "node exporter"), ("10.0.0.11", 9400, "GPU exporter"),
+                     ("10.0.0.11", 30000, "engine prefill-0 (HTTP API and /metrics)"),
+                     ("10.0.0.11", 8998, "engine prefill-0 (PD bootstrap)"),
+                     ("10.0.0.11", 30001, "engine decode-0 (HTTP API and /metrics)"),
+                     ("10.0.0.11", 8000, "router (API)"), ("10.0.0.11", 29000, "router (metrics)")}
+    monitor = {(port, user) for _, port, user, _ in checks.listeners(hostvars["monitor-1"], "monitor-1", groups)}
+    assert monitor == {(9100, "node exporter"), (9090, "Prometheus"), (9093, "Alertmanager (API)"), (3000, "Grafana")}

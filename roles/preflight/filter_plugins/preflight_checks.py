@@ -14,6 +14,8 @@ import os
 import re
 from pathlib import Path
 
+import jinja2
+import jinja2.meta
 import yaml
 
 ENGINE_MODES = ("prefill", "decode", "unified")
@@ -30,12 +32,9 @@ def _engine_label(engine: dict, index: int) -> str:
     return f"sglang_engines[{index}]" + (f" ({engine['name']})" if engine.get("name") else "")
 
 
-def engine_errors(engines, host, gpu_count, listen_address, reserved_ports=None):
-    """Checks within one host: names, modes, GPU sets, parallelism, ports.
-
-    reserved_ports: {owner: port} already taken on listen_address (the router's, when the
-    router runs on this host).
-    """
+def engine_errors(engines, host, gpu_count):
+    """Checks within one host: names, modes, GPU sets, parallelism, port ranges (clashes
+    between ports are listener_errors')."""
     errors = []
     if not isinstance(engines, list) or not engines:
         return [_err(host, "sglang_engines", "is empty or not a list; this host is in "
@@ -43,8 +42,6 @@ def engine_errors(engines, host, gpu_count, listen_address, reserved_ports=None)
                      "list at least one engine ({name, mode, gpus, port}) for this host, or "
                      "remove the host from sglang_engine_hosts.")]
     names, gpu_owner, bootstrap_owner = {}, {}, {}
-    port_owner = {(str(listen_address), int(port)): f"router {owner}"
-                  for owner, port in (reserved_ports or {}).items()}
     for i, engine in enumerate(engines):
         label = _engine_label(engine if isinstance(engine, dict) else {}, i)
         if not isinstance(engine, dict):
@@ -110,17 +107,10 @@ def engine_errors(engines, host, gpu_count, listen_address, reserved_ports=None)
         elif "bootstrap_port" in engine:
             errors.append(_err(host, f"{label}.bootstrap_port", f"is set on a {mode} engine; only prefill "
                                "engines serve the bootstrap.", "remove bootstrap_port from this engine."))
-        address = str(engine.get("host", listen_address))
         for key, port in ports:
             if not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535:
                 errors.append(_err(host, f"{label}.{key}", f"{port!r} is not a port in 1024-65535.",
                                    "use an unprivileged TCP port."))
-                continue
-            owner = port_owner.get((address, port))
-            if owner:
-                errors.append(_err(host, f"{label}.{key}", f"{address}:{port} is also used by {owner}.",
-                                   "give every listener on an address its own port."))
-            port_owner.setdefault((address, port), f"{name}.{key}")
     return errors
 
 
@@ -868,6 +858,140 @@ def wheelhouse_errors(variables, host, wheelhouse_stat):
                  "copy the wheels of the lock and of uv there, or leave it empty to install from PyPI.")]
 
 
+# ----------------------------------------------------------------------------- listeners
+# Addresses that bind every address of the host.
+WILDCARD_ADDRESSES = {"", "*", "0.0.0.0", "::", "[::]"}
+HOST_ADDRESS_DEFAULT = "{{ ansible_host | default(inventory_hostname) }}"
+
+
+def _render(value, variables, host):
+    """A value as Ansible would template it: a role default such as
+    "{{ ansible_host | default(inventory_hostname) }}" against the host's variables."""
+    env = jinja2.Environment()
+    for _ in range(4):
+        if not (isinstance(value, str) and "{{" in value):
+            break
+        context = {"inventory_hostname": host}
+        for name in jinja2.meta.find_undeclared_variables(env.parse(value)):
+            if variables is not None and name in variables:
+                context[name] = variables[name]
+        value = env.from_string(value).render(context)
+    return value
+
+
+def _role_value(variables, host, name):
+    """A later role's variable for this host (the inventory's value, else the role's
+    default), rendered."""
+    if variables is not None and name in variables:
+        value = variables[name]
+    else:
+        value = role_defaults()[name]
+    return _render(value, variables, host)
+
+
+def _port(value):
+    try:
+        port = int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+    return port if 0 < port <= 65535 else None
+
+
+def _engine_listeners(variables, host, listen_address):
+    """(address, port, user, variable) of every engine of the host: its HTTP port (API,
+    /health and /metrics), a prefill engine's PD bootstrap port, and the NCCL and
+    distributed-init ports when its arguments set them (torch binds those on every address)."""
+    model = variables.get("sglang_model") if variables is not None else None
+    recipes = variables.get("sglang_model_recipes") if variables is not None else None
+    recipe = recipes.get(model) if isinstance(recipes, dict) else None
+    found = []
+    for index, engine in _engines(variables or {}):
+        label, name = _engine_label(engine, index), engine.get("name", f"#{index}")
+        address = str(engine.get("host", listen_address))
+        found.append((address, engine.get("port"), f"engine {name} (HTTP API and /metrics)", f"{label}.port"))
+        if engine.get("mode") == "prefill":
+            found.append((address, engine.get("bootstrap_port", 8998), f"engine {name} (PD bootstrap)",
+                          f"{label}.bootstrap_port"))
+        layers = (_argument_layers(recipe, model, variables, engine, index) if isinstance(recipe, dict)
+                  else [(engine.get("args"), f"{label}.args")])
+        args, source = {}, {}
+        for layer, var in layers:
+            for key, value in (layer.items() if isinstance(layer, dict) else []):
+                key = str(key).replace("_", "-")
+                args[key], source[key] = value, var
+        if "nccl-port" in args:
+            found.append(("*", args["nccl-port"], f"engine {name} (NCCL)", f"{source['nccl-port']}.nccl-port"))
+        if "dist-init-addr" in args and str(args.get("node-rank", 0)) == "0":
+            found.append(("*", str(args["dist-init-addr"]).rpartition(":")[2], f"engine {name} (distributed init)",
+                          f"{source['dist-init-addr']}.dist-init-addr"))
+    return found
+
+
+def listeners(variables, host, groups, group_names=None):
+    """Every (address, port) a role of site.yml opens on this host, from the inventory and
+    the roles' defaults: [(address, port, user, variable)]. groups: the inventory's groups;
+    group_names: the engine, router and monitoring groups' names."""
+    names = {"engine": "sglang_engine_hosts", "router": "sglang_router_hosts", "monitoring": "monitoring_hosts",
+             **(group_names or {})}
+
+    def member(kind, group=None):
+        return host in ((groups or {}).get(group or names[kind]) or [])
+
+    listen_address = _render(variables.get("sglang_listen_address", HOST_ADDRESS_DEFAULT)
+                             if variables is not None else HOST_ADDRESS_DEFAULT, variables, host)
+    found = []
+    # site.yml runs node_exporter on every host.
+    found.append((_role_value(variables, host, "node_exporter_listen_address"),
+                  _role_value(variables, host, "node_exporter_port"), "node exporter", "node_exporter_port"))
+    if member("engine"):
+        found += _engine_listeners(variables, host, listen_address)
+        if _bool(_role_value(variables, host, "gpu_exporter_enabled")):
+            found.append((_role_value(variables, host, "gpu_exporter_listen_address"),
+                          _role_value(variables, host, "gpu_exporter_port"), "GPU exporter", "gpu_exporter_port"))
+    if member("router"):
+        router = _role_value(variables, host, "sglang_router_host")
+        found.append((router, _role_value(variables, host, "sglang_router_port"), "router (API)",
+                      "sglang_router_port"))
+        found.append((router, _role_value(variables, host, "sglang_router_metrics_port"), "router (metrics)",
+                      "sglang_router_metrics_port"))
+    if member("monitoring"):
+        found.append((_role_value(variables, host, "prometheus_listen_address"),
+                      _role_value(variables, host, "prometheus_port"), "Prometheus", "prometheus_port"))
+        alertmanager = _role_value(variables, host, "alertmanager_listen_address")
+        found.append((alertmanager, _role_value(variables, host, "alertmanager_port"), "Alertmanager (API)",
+                      "alertmanager_port"))
+        # Alertmanager listens for its cluster only with peers (two or more hosts in the group).
+        cluster_group = _role_value(variables, host, "alertmanager_cluster_group")
+        if member("monitoring", cluster_group) and len((groups or {}).get(cluster_group) or []) > 1:
+            found.append((alertmanager, _role_value(variables, host, "alertmanager_cluster_port"),
+                          "Alertmanager (cluster)", "alertmanager_cluster_port"))
+        found.append((_role_value(variables, host, "grafana_listen_address"),
+                      _role_value(variables, host, "grafana_port"), "Grafana", "grafana_port"))
+    return [(str(address).strip(), _port(port), user, var) for address, port, user, var in found]
+
+
+def listener_errors(variables, host, groups, group_names=None):
+    """No two listeners of this host on one port of one address (an address that binds every
+    address clashes with each address)."""
+    errors, seen = [], []
+    for address, port, user, var in listeners(variables, host, groups, group_names):
+        if port is None:
+            continue  # a port that is no number: the owning role's own check says so
+        wildcard = address in WILDCARD_ADDRESSES
+        for other_address, other_port, other_user, other_var in seen:
+            if port != other_port or not (wildcard or other_address in WILDCARD_ADDRESSES or address == other_address):
+                continue
+            where = (f"{port} (every address)" if wildcard and other_address in WILDCARD_ADDRESSES
+                     else f"{other_address if wildcard else address}:{port}")
+            fix = (f"give one of them another port: set {var} or {other_var} in the inventory." if var != other_var
+                   else "it gives both the same port: set the port in each engine's own args instead.")
+            errors.append(_err(host, var, f"{where} is wanted by {user} ({var}) and by {other_user} ({other_var}); "
+                               "the second to start would fail to bind.", fix))
+            break
+        seen.append((address, port, user, var))
+    return errors
+
+
 def valid_address(value):
     try:
         ipaddress.ip_address(value)
@@ -897,4 +1021,5 @@ class FilterModule:
             "preflight_lock_errors": lock_errors,
             "preflight_model_source_errors": model_source_errors,
             "preflight_wheelhouse_errors": wheelhouse_errors,
+            "preflight_listener_errors": listener_errors,
         }
