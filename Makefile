@@ -106,7 +106,7 @@ lint test-static: venv
 	$(call step,ansible-lint (production profile))
 	@$(ACTIVATE) && ansible-lint --profile production
 	$(call step,syntax check of every playbook)
-	@$(ACTIVATE) && for pb in site.yml rollback.yml playbooks/*.yml; do \
+	@$(ACTIVATE) && for pb in site.yml rollback.yml bench.yml playbooks/*.yml; do \
 	  ansible-playbook -i inventory/lab --syntax-check "$$pb" >/dev/null && echo "ok  $$pb"; done
 	$(call step,role defaults match meta/argument_specs.yml)
 	@$(ACTIVATE) && python -m pytest -q tests/static

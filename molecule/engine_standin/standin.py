@@ -9,13 +9,25 @@ It runs from the release venv, with the real SGLang installed, and:
 * reads the engine's rendered config (`--config engines/<name>.yaml`) through SGLang's
   own `prepare_server_args` (with `--device cpu`), so host, port, mode, served model name
   and parsers come from the real rendered arguments;
-* serves the HTTP surface the router and the smoke test use: /health (503 during a
-  warmup and when told to fail), /health_generate, /server_info, /model_info (and the
-  deprecated /get_* spellings), /v1/models, /generate, /v1/chat/completions and /metrics;
-* answers chat completions deterministically: structured `tool_calls` when tools are
-  given, `reasoning_content` when thinking is requested, and recall of facts stated in
-  earlier turns of the conversation ("my name is X" ... "what is my name?"): it only knows
-  what the request carries, so a stack that drops history fails the smoke test;
+* serves the HTTP surface the router, the smoke test, the benchmark and the agent suite
+  use: /health (503 during a warmup and when told to fail), /health_generate,
+  /server_info, /model_info (and the deprecated /get_* spellings), /v1/models,
+  /generate, /v1/chat/completions and /metrics;
+* answers chat completions deterministically: structured `tool_calls` when the request
+  asks for a tool, an answer from the tool's result when the conversation ends with one,
+  `reasoning_content` when thinking is requested, and recall of facts stated in earlier
+  turns of the conversation ("my name is X" ... "what is my name?"): it only knows what
+  the request carries, so a stack that drops history fails the smoke test and the agent
+  suite;
+* streams like SGLang 0.5.23 when a request says `stream: true`: server-sent events built
+  with SGLang's own chunk classes (sse_utils, protocol), the role chunk first, then
+  reasoning, tool-call or content deltas one token (word) at a time, the finish chunk, a
+  usage chunk when `stream_options.include_usage` is set, and `data: [DONE]`; /generate
+  streams cumulative `text` with `meta_info` per token as SGLang's http_server does;
+* produces `max_new_tokens` tokens (words) when `ignore_eos` is set, as a load generator
+  asks, and paces its tokens: `ttft_s` before the first, `token_s` between the next ones
+  (decode and unified engines; a prefill engine answers at once);
+* records the last requests it received (GET /standin/requests: path, messages, words);
 * exports /metrics through SGLang's own SchedulerMetricsCollector and
   TokenizerMetricsCollector (Prometheus multiprocess mode when PROMETHEUS_MULTIPROC_DIR is
   set, as in the unit), updated on every request so the counters move;
@@ -25,6 +37,12 @@ It runs from the release venv, with the real SGLang installed, and:
     fail_health   true: /health always 503
     crash         true: exit 1 shortly after start (crash loop under Restart=on-failure)
     fail_chat     true: chat completions answer HTTP 500
+    ttft_s        seconds before the first token (default 0; env STANDIN_TTFT_S)
+    token_s       seconds between tokens (default 0; env STANDIN_TOKEN_S)
+    drop_oldest_turns  N: the engine loses the first N user turns of a conversation (and
+                  the replies after them), as a stack that truncates context would
+    spec_accept_length  the speculative accept length it reports in /metrics and
+                  /server_info when the engine speculates (default 2.0)
   The file is re-read on every /health and chat request, so a test can flip a switch on
   a running process.
 """
@@ -73,6 +91,10 @@ class Control:
             "fail_health": os.environ.get("STANDIN_FAIL_HEALTH", "") == "1",
             "crash": os.environ.get("STANDIN_CRASH", "") == "1",
             "fail_chat": os.environ.get("STANDIN_FAIL_CHAT", "") == "1",
+            "ttft_s": float(os.environ.get("STANDIN_TTFT_S", "0")),
+            "token_s": float(os.environ.get("STANDIN_TOKEN_S", "0")),
+            "drop_oldest_turns": 0,
+            "spec_accept_length": 2.0,
         }
         try:
             values.update(json.loads(self.path.read_text()))
@@ -104,20 +126,23 @@ class Metrics:
         self.scheduler.log_stats(mc.SchedulerStats())
 
     def request(self, prompt_tokens: int, generation_tokens: int, latency: float, disagg_mode: str,
-                cached_tokens: int = 0):
+                cached_tokens: int = 0, ttft: float | None = None, stream: bool = False,
+                spec_accept_length: float = 0.0):
         if not self.enabled:
             return
+        ttft = latency / 2 if ttft is None else min(ttft, latency)
         with self.lock:
             mc = self.mc
             self.tokenizer.observe_one_finished_request(
                 self.labels, prompt_tokens=prompt_tokens, generation_tokens=generation_tokens,
                 cached_tokens=cached_tokens, e2e_latency=latency, has_grammar=False)
-            self.tokenizer.observe_time_to_first_token(self.labels, latency / 2, stream=False)
-            self.tokenizer.observe_inter_token_latency(self.labels, latency / 2, max(generation_tokens, 1))
+            self.tokenizer.observe_time_to_first_token(self.labels, ttft, stream=stream)
+            self.tokenizer.observe_inter_token_latency(self.labels, latency - ttft, max(generation_tokens, 1))
             stats = mc.SchedulerStats()
             stats.gen_throughput = generation_tokens / max(latency, 1e-3)
             stats.token_usage = 0.01
             stats.cache_hit_rate = cached_tokens / max(prompt_tokens, 1)
+            stats.spec_accept_length = spec_accept_length
             self.scheduler.log_stats(stats)
             if disagg_mode in ("prefill", "decode"):
                 self.scheduler.observe_kv_transfer_metrics(
@@ -136,6 +161,7 @@ class Metrics:
 # ----------------------------------------------------------------------------- answers
 FACT = re.compile(r"\b(?:my|the|our)\s+([a-z][a-z ]{0,30}?)\s+(?:is|was)\s+[\"']?([A-Za-z0-9][\w.-]*)", re.I)
 QUESTION = re.compile(r"\bwhat(?:'s| is| was)\s+(?:my|the|our)\s+([a-z][a-z ]{0,30}?)\s*\??$", re.I)
+FILLER = "token"  # what an ignore_eos request gets after the answer, one word per token
 
 
 def _common_prefix(a: list, b: list) -> int:
@@ -155,8 +181,25 @@ def _text(content) -> str:
     return ""
 
 
+def drop_turns(messages: list[dict], turns: int) -> list[dict]:
+    """The conversation without its first `turns` user turns (a turn: a user message and
+    everything up to the next one); system messages stay."""
+    if turns <= 0:
+        return messages
+    kept, seen = [], 0
+    for m in messages:
+        if m.get("role") == "user":
+            seen += 1
+        if m.get("role") == "system" or seen > turns:
+            kept.append(m)
+    return kept
+
+
 def answer(messages: list[dict]) -> str:
     """A deterministic reply that uses only the conversation in the request."""
+    if messages and messages[-1].get("role") == "tool":
+        result = _text(messages[-1].get("content")).strip()
+        return f"The tool answered: {result[:300]}"
     users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
     last = users[-1].strip() if users else ""
     asked = QUESTION.search(last)
@@ -173,6 +216,20 @@ def answer(messages: list[dict]) -> str:
     if facts:
         return f"Noted: your {facts[0][0].strip().lower()} is {facts[0][1].rstrip('.-')}."
     return f"Hello from the engine stand-in. You said: {last[:200]}"
+
+
+def wants_tool(body: dict, messages: list[dict]) -> bool:
+    """Call a tool when the request forces one, or when the user's last message asks for
+    the tool (names it, or says "tool"); answer in text after a tool result."""
+    tools = body.get("tools") or []
+    choice = body.get("tool_choice", "auto")
+    if not tools or choice == "none" or not messages or messages[-1].get("role") != "user":
+        return False
+    if choice == "required" or isinstance(choice, dict):
+        return True
+    last = _text(messages[-1].get("content")).lower()
+    names = [((t or {}).get("function") or {}).get("name", "") for t in tools]
+    return "tool" in last or any(n and n.lower() in last for n in names)
 
 
 def tool_call(tools: list[dict], messages: list[dict]) -> dict:
@@ -202,6 +259,24 @@ def thinking_requested(body: dict) -> bool:
                 or body.get("reasoning_effort") or body.get("separate_reasoning"))
 
 
+def words_of(text: str) -> list[str]:
+    """The reply as tokens: one word (with its trailing space) per token."""
+    parts = text.split(" ")
+    return [w + " " for w in parts[:-1]] + [parts[-1]] if parts else []
+
+
+def shape_tokens(reply: str, max_tokens, ignore_eos: bool) -> list[str]:
+    """The reply's tokens, padded to max_tokens when told to ignore the end of sequence,
+    cut at max_tokens otherwise."""
+    tokens = words_of(reply)
+    if max_tokens:
+        if ignore_eos and len(tokens) < max_tokens:
+            tokens[-1] = tokens[-1] + " "
+            tokens += [FILLER + " "] * (max_tokens - len(tokens) - 1) + [FILLER]
+        tokens = tokens[:max_tokens]
+    return tokens
+
+
 # ----------------------------------------------------------------------------- server
 class Engine:
     def __init__(self, server_args, name: str):
@@ -211,12 +286,18 @@ class Engine:
         self.metrics = Metrics(server_args)
         self.mode = str(server_args.disaggregation_mode or "null")
         self.model = server_args.served_model_name or server_args.model_path
+        self.speculative = bool(getattr(server_args, "speculative_algorithm", None))
         self.requests = 0
         self.seen_prompts: list = []
+        self.received: list = []
+        self.lock = threading.Lock()
 
     def healthy(self) -> bool:
         ctl = self.control.get()
         return not ctl["fail_health"] and time.monotonic() - STARTED >= float(ctl["warmup_s"])
+
+    def accept_length(self) -> float:
+        return float(self.control.get()["spec_accept_length"]) if self.speculative else 0.0
 
     def server_info(self) -> dict:
         info = {}
@@ -227,7 +308,8 @@ class Engine:
             except TypeError:
                 info[key] = str(value)
         info.update({"version": _sglang_version(), "standin": True, "requests": self.requests,
-                     "internal_states": [{"last_gen_throughput": 0.0}]})
+                     "internal_states": [{"last_gen_throughput": 0.0,
+                                          "avg_spec_accept_length": self.accept_length() or None}]})
         return info
 
     def model_info(self) -> dict:
@@ -237,55 +319,175 @@ class Engine:
                 "has_image_understanding": False, "has_audio_understanding": False,
                 "model_type": "standin", "architectures": ["StandinForCausalLM"]}
 
+    def pacing(self) -> tuple[float, float]:
+        """(seconds to the first token, seconds per next token); a prefill engine only
+        computes the prompt and answers at once."""
+        if self.mode == "prefill":
+            return 0.0, 0.0
+        ctl = self.control.get()
+        return float(ctl["ttft_s"]), float(ctl["token_s"])
+
+    def record(self, path: str, messages: list[dict], words: int, stream: bool):
+        with self.lock:
+            self.received.append({"path": path, "stream": stream, "words": words, "messages": len(messages),
+                                  "roles": [m.get("role") for m in messages],
+                                  "first_user": next((_text(m.get("content"))[:200] for m in messages
+                                                      if m.get("role") == "user"), "")})
+            del self.received[:-32]
+
+    def chat_reply(self, body: dict) -> dict:
+        """What the engine answers: reasoning, a tool call or content tokens, and usage."""
+        received = body.get("messages") or []
+        messages = drop_turns(received, int(self.control.get()["drop_oldest_turns"]))
+        tools = body.get("tools") or []
+        reply = {"reasoning": None, "tool_call": None, "tokens": [], "finish": "stop"}
+        if wants_tool(body, messages):
+            reply["tool_call"] = tool_call(tools, messages)
+            reply["finish"] = "tool_calls"
+        else:
+            limit = body.get("max_completion_tokens") or body.get("max_tokens")
+            reply["tokens"] = shape_tokens(answer(messages), limit, bool(body.get("ignore_eos")))
+            if limit and len(reply["tokens"]) >= limit and not body.get("ignore_eos"):
+                reply["finish"] = "length"
+        if thinking_requested(body) and self.sa.reasoning_parser and body.get("separate_reasoning", True):
+            last = next((_text(m.get("content")) for m in reversed(messages) if m.get("role") in ("user", "tool")), "")
+            reply["reasoning"] = (f"The conversation has {len(messages)} messages; the last one says: "
+                                  f"{' '.join(last.split()[:12])}")
+        words = [w for m in received for w in _text(m.get("content")).split()]
+        reply["words"] = words
+        reply["completion_tokens"] = (len(reply["tokens"]) if reply["tool_call"] is None
+                                      else len(reply["tool_call"]["function"]["arguments"].split()))
+        self.record("/v1/chat/completions", received, len(words), bool(body.get("stream")))
+        return reply
+
     def chat(self, body: dict) -> dict:
         started = time.monotonic()
-        messages = body.get("messages") or []
-        tools = body.get("tools") or []
+        reply = self.chat_reply(body)
+        ttft, token_s = self.pacing()
+        _sleep_until(started + ttft + token_s * max(reply["completion_tokens"] - 1, 0))
         message: dict = {"role": "assistant", "content": None}
-        finish = "stop"
-        if tools and body.get("tool_choice", "auto") != "none":
-            message["tool_calls"] = [tool_call(tools, messages)]
-            finish = "tool_calls"
+        if reply["tool_call"]:
+            message["tool_calls"] = [reply["tool_call"]]
         else:
-            message["content"] = answer(messages)
-        if thinking_requested(body) and self.sa.reasoning_parser:
-            message["reasoning_content"] = ("The user asked something; I look at the whole "
-                                            "conversation before answering.")
-        words = [w for m in messages for w in _text(m.get("content")).split()]
-        prompt_tokens = len(words)
-        completion_tokens = len((message["content"] or json.dumps(message.get("tool_calls"))).split())
-        cached = self._count(words, completion_tokens, started)
+            message["content"] = "".join(reply["tokens"])
+        if reply["reasoning"]:
+            message["reasoning_content"] = reply["reasoning"]
+        prompt_tokens, completion_tokens = len(reply["words"]), reply["completion_tokens"]
+        cached = self._count(reply["words"], completion_tokens, started, ttft=ttft)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": body.get("model") or self.model,
-                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
+                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reply["finish"],
                              "matched_stop": None}],
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "total_tokens": prompt_tokens + completion_tokens,
                           "prompt_tokens_details": {"cached_tokens": cached}},
                 "metadata": {"engine": self.name, "mode": self.mode}}
 
-    def generate(self, body: dict) -> dict:
+    def chat_stream(self, body: dict):
+        """SSE events as SGLang's serving_chat streams them, built with its own classes."""
+        from sglang.srt.entrypoints.openai.protocol import (
+            ChatCompletionResponseStreamChoice, ChatCompletionStreamResponse, DeltaMessage,
+            FunctionResponse, PromptTokensDetails, ToolCall, UsageInfo)
+        from sglang.srt.entrypoints.openai.sse_utils import build_sse_content
+
         started = time.monotonic()
+        reply = self.chat_reply(body)
+        ttft, token_s = self.pacing()
+        rid, created, model = uuid.uuid4().hex, int(time.time()), body.get("model") or self.model
+        opts = body.get("stream_options") or {}
+
+        def pace(token: int):
+            _sleep_until(started + ttft + token_s * token)
+
+        pace(0)
+        yield build_sse_content(chunk_id=rid, created=created, model=model, index=0, role="assistant", content="")
+        if reply["reasoning"]:
+            for word in words_of(reply["reasoning"]):
+                yield build_sse_content(chunk_id=rid, created=created, model=model, index=0, reasoning_content=word)
+        if reply["tool_call"]:
+            call = reply["tool_call"]
+            pieces = [FunctionResponse(name=call["function"]["name"], arguments="")] + [
+                FunctionResponse(arguments=part) for part in words_of(call["function"]["arguments"])]
+            for i, fn in enumerate(pieces):
+                pace(i)
+                delta = DeltaMessage(tool_calls=[ToolCall(id=call["id"] if i == 0 else None, index=0, function=fn)])
+                chunk = ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[
+                    ChatCompletionResponseStreamChoice(index=0, delta=delta, finish_reason=None)])
+                yield f"data: {chunk.model_dump_json()}\n\n"
+        for i, token in enumerate(reply["tokens"]):
+            pace(i)
+            yield build_sse_content(chunk_id=rid, created=created, model=model, index=0, content=token)
+        yield build_sse_content(chunk_id=rid, created=created, model=model, index=0, finish_reason=reply["finish"])
+        prompt_tokens, completion_tokens = len(reply["words"]), reply["completion_tokens"]
+        cached = self._count(reply["words"], completion_tokens, started, ttft=ttft, stream=True)
+        if opts.get("include_usage"):
+            usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                              total_tokens=prompt_tokens + completion_tokens,
+                              prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+            chunk = ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[], usage=usage)
+            yield f"data: {chunk.model_dump_json()}\n\n"
+        yield "data: [DONE]\n\n"
+
+    def generate_reply(self, body: dict) -> tuple[list[str], list[str]]:
         text = body.get("text") or ""
         prompt = text if isinstance(text, str) else json.dumps(text)
-        reply = answer([{"role": "user", "content": prompt}])
-        cached = self._count(prompt.split(), len(reply.split()), started)
-        return {"text": reply, "meta_info": {"id": uuid.uuid4().hex, "finish_reason": {"type": "stop"},
-                                             "prompt_tokens": len(prompt.split()),
-                                             "completion_tokens": len(reply.split()),
-                                             "cached_tokens": cached, "e2e_latency": time.monotonic() - started,
-                                             "engine": self.name, "mode": self.mode}}
+        params = body.get("sampling_params") or {}
+        tokens = shape_tokens(answer([{"role": "user", "content": prompt}]),
+                              params.get("max_new_tokens"), bool(params.get("ignore_eos")))
+        words = prompt.split()
+        self.record("/generate", [{"role": "user", "content": prompt}], len(words), bool(body.get("stream")))
+        return words, tokens
 
-    def _count(self, words: list, completion_tokens: int, started: float) -> int:
+    def _meta(self, rid: str, words: list, done: int, cached: int, started: float, finished: bool) -> dict:
+        return {"id": rid, "finish_reason": {"type": "stop"} if finished else None,
+                "prompt_tokens": len(words), "completion_tokens": done, "cached_tokens": cached,
+                "spec_accept_length": self.accept_length() or None,
+                "e2e_latency": time.monotonic() - started, "engine": self.name, "mode": self.mode}
+
+    def generate(self, body: dict) -> dict:
+        started = time.monotonic()
+        words, tokens = self.generate_reply(body)
+        ttft, token_s = self.pacing()
+        _sleep_until(started + ttft + token_s * max(len(tokens) - 1, 0))
+        cached = self._count(words, len(tokens), started, ttft=ttft)
+        return {"text": "".join(tokens), "meta_info": self._meta(uuid.uuid4().hex, words, len(tokens), cached,
+                                                                 started, True)}
+
+    def generate_stream(self, body: dict):
+        """SGLang's /generate stream: cumulative text and meta_info per token, then [DONE]."""
+        started = time.monotonic()
+        words, tokens = self.generate_reply(body)
+        ttft, token_s = self.pacing()
+        rid = uuid.uuid4().hex
+        cached = max((_common_prefix(words, seen) for seen in self.seen_prompts), default=0)
+        for i in range(len(tokens)):
+            _sleep_until(started + ttft + token_s * i)
+            out = {"text": "".join(tokens[:i + 1]),
+                   "meta_info": self._meta(rid, words, i + 1, cached, started, i + 1 == len(tokens))}
+            yield f"data: {json.dumps(out)}\n\n"
+        self._count(words, len(tokens), started, ttft=ttft, stream=True)
+        yield "data: [DONE]\n\n"
+
+    def _count(self, words: list, completion_tokens: int, started: float, ttft: float | None = None,
+               stream: bool = False) -> int:
         """Count a finished request; returns its cached tokens: the longest prefix (in words)
         it shares with an earlier prompt, as a radix cache would reuse it."""
-        self.requests += 1
-        cached = max((_common_prefix(words, seen) for seen in self.seen_prompts), default=0)
-        self.seen_prompts.append(words)
-        del self.seen_prompts[:-256]
+        with self.lock:
+            self.requests += 1
+            cached = max((_common_prefix(words, seen) for seen in self.seen_prompts), default=0)
+            # a bounded prefix of each prompt: long agent conversations would fill the memory
+            self.seen_prompts.append(words[:8192])
+            del self.seen_prompts[:-256]
         self.metrics.request(len(words), completion_tokens, time.monotonic() - started + 1e-3, self.mode,
-                             cached_tokens=cached)
+                             cached_tokens=cached, ttft=ttft, stream=stream,
+                             spec_accept_length=self.accept_length())
         return cached
+
+
+def _sleep_until(deadline: float):
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
 
 
 def _sglang_version() -> str:
@@ -312,6 +514,23 @@ def make_handler(engine: Engine):
             self.end_headers()
             self.wfile.write(data)
 
+        def _stream(self, events):
+            """Server-sent events in HTTP/1.1 chunked transfer encoding, flushed per event."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for event in events:
+                    data = event.encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+
         def _body(self) -> dict:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b"{}"
@@ -335,18 +554,22 @@ def make_handler(engine: Engine):
             elif path == "/metrics":
                 self._send(200, engine.metrics.exposition() if engine.metrics.enabled else b"",
                            "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/standin/requests":
+                with engine.lock:
+                    self._send(200, {"requests": list(engine.received)})
             else:
                 self._send(404, {"error": f"not found: {path}"})
 
         def do_POST(self):  # noqa: N802
             path = self.path.split("?")[0]
             body = self._body()
+            stream = bool(body.get("stream"))
             if path in ("/v1/chat/completions", "/generate", "/v1/completions") and engine.control.get()["fail_chat"]:
                 self._send(500, {"error": {"message": "stand-in told to fail (fail_chat)"}})
             elif path == "/v1/chat/completions":
-                self._send(200, engine.chat(body))
+                self._stream(engine.chat_stream(body)) if stream else self._send(200, engine.chat(body))
             elif path in ("/generate", "/v1/completions"):
-                self._send(200, engine.generate(body))
+                self._stream(engine.generate_stream(body)) if stream else self._send(200, engine.generate(body))
             elif path in ("/flush_cache", "/abort_request"):
                 self._send(200, {"success": True})
             else:

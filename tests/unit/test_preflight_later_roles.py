@@ -26,7 +26,7 @@ LOCK = REPO / "files" / "sglang" / "requirements.lock"
 # "<host>: <variable>: <what is wrong> Fix: <what to do>."
 MESSAGE = re.compile(r"^[\w.-]+: [\w\[\]().' -]+: .+[.;)] Fix: .+\.$")
 ROLE_PREFIXES = ("alertmanager", "grafana", "prometheus", "node_exporter", "gpu_exporter", "nvidia_driver", "cuda_toolkit",
-                 "sglang_release", "sglang_router")
+                 "sglang_release", "sglang_router", "sglang_acceptance")
 
 
 def _role_of(variable: str) -> str:
@@ -44,7 +44,8 @@ def _well_formed(errors):
 DEFAULTED = sorted(set(re.findall(r'_get\(\w+, "(\w+)"\)', Path(checks.__file__).read_text()))
                    | {"prometheus_alert_ttft_p99_seconds", "prometheus_alert_queue_backlog_requests",
                       "prometheus_alert_gpu_temperature_celsius", "prometheus_alert_model_disk_free_ratio",
-                      "sglang_release_sglang_version", "sglang_release_router_version"})
+                      "sglang_release_sglang_version", "sglang_release_router_version",
+                      "sglang_acceptance_max_drop_pct", "sglang_acceptance_max_ttft_rise_pct"})
 
 
 @pytest.mark.parametrize("variable", DEFAULTED)

@@ -285,7 +285,7 @@ def disk_errors(mounts, path, needed_gb, host, var, needed_for="model weights an
 
 # The roles after preflight, whose defaults/main.yml sit beside this role's directory.
 LATER_ROLES = ("alertmanager", "grafana", "prometheus", "node_exporter", "gpu_exporter", "nvidia_driver", "cuda_toolkit",
-               "sglang_release", "sglang_router")
+               "sglang_release", "sglang_router", "sglang_acceptance")
 ROLES_DIR = Path(__file__).resolve().parents[2]
 
 
@@ -797,6 +797,62 @@ def router_mode_errors(variables, host, hostvars, engine_hosts):
     return []
 
 
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def acceptance_errors(variables, host, model, recipe, baseline=None):
+    """sglang_acceptance (first router host), with sglang_acceptance_gate on: the gate's
+    thresholds and levels, the recipe's bench block and the recipe's baseline file (its text,
+    or None when there is none) must be sound, or the gate would fail after the switch and
+    roll back a release that may be good."""
+    if not _bool(_get(variables, "sglang_acceptance_gate")):
+        return []
+    errors = []
+    for var in ("sglang_acceptance_max_drop_pct", "sglang_acceptance_max_ttft_rise_pct"):
+        value = _number(_get(variables, var))
+        if value is None or not 0 < value < 100:
+            errors.append(_err(host, var, f"is {_get(variables, var)!r}; the gate needs a percentage above 0 and "
+                               "below 100.", f"set {var} to a number such as 5 or 10."))
+    levels = _get(variables, "sglang_acceptance_concurrency")
+    if not isinstance(levels, list) or not levels or not all(_positive_int(x) for x in levels) or 1 not in levels:
+        errors.append(_err(host, "sglang_acceptance_concurrency", f"is {levels!r}; the benchmark needs a list of "
+                           "positive integers that holds 1 (the single-stream level).",
+                           "set it to a list such as [1, 8, 32, 64]."))
+        levels = []
+    bench = (recipe or {}).get("bench") if isinstance(recipe, dict) else None
+    var = f"sglang_model_recipes['{model}'].bench"
+    if not isinstance(bench, dict):
+        return errors + [_err(host, var, "is missing; the gate benchmarks with the recipe's request lengths.",
+                              "give the recipe a bench block: input_len, output_len, reference_concurrency and "
+                              "context_length (see defaults/models.yml).")]
+    for key in ("input_len", "output_len", "reference_concurrency", "context_length"):
+        if not _positive_int(bench.get(key)):
+            errors.append(_err(host, f"{var}.{key}", f"is {bench.get(key)!r}; it must be a positive integer.",
+                               f"set {key} in the recipe's bench block (sglang_recipe_overrides)."))
+    ref = bench.get("reference_concurrency")
+    if levels and _positive_int(ref) and ref not in levels:
+        errors.append(_err(host, f"{var}.reference_concurrency", f"is {ref}, which is not one of the benchmark's "
+                           f"levels {levels}; the gate would have no throughput to compare.",
+                           "add it to sglang_acceptance_concurrency or pick one of its levels."))
+    if baseline is not None:
+        try:
+            data = yaml.safe_load(baseline) or {}
+        except yaml.YAMLError as exc:
+            data = None
+            problem = f"is not YAML ({str(exc).splitlines()[0]})."
+        else:
+            gate = data.get("gate") if isinstance(data, dict) else None
+            bad = ([k for k, v in gate.items() if k not in ("single_stream_tok_s", "throughput_tok_s", "ttft_p99_ms")
+                    or _number(v) is None or _number(v) <= 0] if isinstance(gate, dict) else ["gate"])
+            problem = (f"has gate figures the gate cannot use: {', '.join(map(str, bad))}." if bad else None)
+        if problem:
+            errors.append(_err(host, "sglang_acceptance_baselines_dir", f"the baseline file {model}.yml there {problem}",
+                               "give it gate: {single_stream_tok_s, throughput_tok_s, ttft_p99_ms} with positive "
+                               "numbers (or gate: {})."))
+    return errors
+
+
 def lock_errors(variables, host, lock_file):
     """sglang_release (engine and router hosts): the lock pins the SGLang and router versions
     the release expects."""
@@ -1018,6 +1074,7 @@ class FilterModule:
             "preflight_speculative_errors": speculative_errors,
             "preflight_kv_cache_errors": kv_cache_errors,
             "preflight_router_mode_errors": router_mode_errors,
+            "preflight_acceptance_errors": acceptance_errors,
             "preflight_lock_errors": lock_errors,
             "preflight_model_source_errors": model_source_errors,
             "preflight_wheelhouse_errors": wheelhouse_errors,
