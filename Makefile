@@ -23,6 +23,11 @@ PROMETHEUS_DEB_VERSION := 2.42.0+ds-5+deb12u1
 PROMETHEUS_BIN_DIR     := $(CURDIR)/.cache/prometheus-deb/usr/bin
 # for the monitoring tests and the prometheus role's tarball scenario (it packs these)
 export SM120_PROMETHEUS_BIN_DIR := $(PROMETHEUS_BIN_DIR)
+# The node exporter and Alertmanager (with amtool) of Debian's pinned packages, which the
+# exporters' tarball scenarios pack as release archives (GitHub is not reachable here).
+MONITORING_DEBS    := prometheus-node-exporter=1.5.0-1+b6 prometheus-alertmanager=0.25.0-1+b4
+MONITORING_BIN_DIR := $(CURDIR)/.cache/monitoring-deb/usr/bin
+export SM120_MONITORING_BIN_DIR := $(MONITORING_BIN_DIR)
 
 # Role scenarios (roles/<role>/molecule/*) and the scenarios of the whole deployment (molecule/<name>).
 ROLE_DIRS        = $(sort $(foreach f,$(wildcard roles/*/molecule/*/molecule.yml),roles/$(word 2,$(subst /, ,$(f)))))
@@ -39,7 +44,8 @@ molecule_test = start=$$(date +%s); printf '\n\033[1m==> molecule test %s in %s\
   || { echo "==> $(3) FAILED after $$(( $$(date +%s) - start )) s"; exit 1; }
 
 .PHONY: help setup apt venv sglang-venv rootfs lab lab-destroy lint test test-static \
-        test-unit test-kernels test-monitoring test-recipes test-lab test-roles test-site test-scenario clean prometheus-bin
+        test-unit test-kernels test-monitoring test-recipes test-lab test-roles test-site test-scenario clean prometheus-bin \
+        monitoring-bin
 
 help:
 	@echo "make lab          converge the local lab (gpu-node + monitor) with site.yml"
@@ -131,6 +137,14 @@ $(PROMETHEUS_BIN_DIR)/promtool: | apt
 	@dpkg-deb -x .cache/prometheus_$(subst :,%3a,$(PROMETHEUS_DEB_VERSION))_amd64.deb .cache/prometheus-deb
 	@rm -f .cache/prometheus_*.deb
 
+monitoring-bin: $(MONITORING_BIN_DIR)/amtool
+$(MONITORING_BIN_DIR)/amtool: | apt
+	$(call step,node exporter and Alertmanager binaries from Debian's packages ($(MONITORING_DEBS)))
+	@rm -rf .cache/monitoring-deb && mkdir -p .cache/monitoring-deb/debs
+	@cd .cache/monitoring-deb/debs && apt-get download -qq $(MONITORING_DEBS)
+	@for deb in .cache/monitoring-deb/debs/*.deb; do dpkg-deb -x "$$deb" .cache/monitoring-deb; done
+	@rm -rf .cache/monitoring-deb/debs
+
 test-monitoring: sglang-venv prometheus-bin
 	$(call step,monitoring: promtool rule tests; dashboards; metric names in the pinned SGLang and router)
 	@$(SGLANG_VENV)/bin/python -m pytest -q tests/monitoring
@@ -147,7 +161,7 @@ ROLE_JOBS  ?= 2
 ROLE_ORDER := sglang_release nvidia_driver prometheus cuda_toolkit gpu_exporter preflight alertmanager node_exporter grafana
 ROLE_NAMES  = $(filter $(notdir $(ROLE_DIRS)),$(ROLE_ORDER)) $(filter-out $(ROLE_ORDER),$(notdir $(ROLE_DIRS)))
 
-test-roles: setup prometheus-bin
+test-roles: setup prometheus-bin monitoring-bin
 	@$(MAKE) --no-print-directory -j$(ROLE_JOBS) --output-sync=target $(addprefix molecule-role/,$(ROLE_NAMES))
 
 molecule-role/%:
@@ -179,7 +193,7 @@ molecule-site/%:
 MOLECULE_JOBS ?= 2
 test:
 	@$(MAKE) --no-print-directory -j6 --output-sync=target test-static test-unit test-kernels \
-	  test-monitoring test-recipes test-lab
+	  test-monitoring test-recipes test-lab monitoring-bin
 	@$(MAKE) --no-print-directory -j$(MOLECULE_JOBS) --output-sync=target \
 	  $(addprefix molecule-site/,$(SITE_RUN)) $(addprefix molecule-role/,$(ROLE_NAMES))
 	$(call step,all tests passed)

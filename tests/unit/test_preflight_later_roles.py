@@ -80,17 +80,73 @@ def test_grafana_local_package(tmp_path):
     assert checks.grafana_errors({**ok, "grafana_deb_path": str(deb)}, "h") == []
 
 
-# -------------------------------------------------------------------------- prometheus
-def test_prometheus_defaults_pass_on_debian_and_need_a_pin_elsewhere():
-    assert checks.prometheus_errors({}, "h", "Debian", "12") == []
-    assert checks.prometheus_errors({}, "h", "Debian", "13") == []
-    errors = _well_formed(checks.prometheus_errors({}, "h", "Ubuntu", "24"))
-    assert errors == [errors[0]] and 'add "Ubuntu-24: <version>"' in errors[0]
-    assert checks.prometheus_errors({"prometheus_package_versions": {"Ubuntu-24": "2.45.3+ds-2"}}, "h", "Ubuntu", "24") == []
-    # The tarball does not need a package pin.
-    assert checks.prometheus_errors({"prometheus_install_method": "tarball"}, "h", "Ubuntu", "24") == []
-    assert "is not an install method" in _well_formed(
-        checks.prometheus_errors({"prometheus_install_method": "docker"}, "h", "Debian", "12"))[0]
+# ------------------------------------------------------------- install methods (plan)
+MONITORING = ["node_exporter", "gpu_exporter", "alertmanager", "prometheus"]
+SMI_SUM = {"gpu_exporter_nvidia_smi_checksum": "sha256:" + "b" * 64}
+
+
+def _plan(variables, distribution="Debian", major="12", roles=MONITORING, **kw):
+    result = checks.install_plan(variables, "h", distribution, major, roles, **kw)
+    _well_formed(result["errors"])
+    return {e["role"]: (e["method"], e["version"]) for e in result["plan"]}, result["errors"]
+
+
+def test_plan_takes_the_package_where_the_release_pins_one():
+    plan, errors = _plan(SMI_SUM)
+    assert errors == []
+    assert plan == {"node_exporter": ("package", "prometheus-node-exporter=1.5.0-1+b6"),
+                    "gpu_exporter": ("tarball", "nvidia_gpu_exporter 1.3.2"),
+                    "alertmanager": ("package", "prometheus-alertmanager=0.25.0-1+b4"),
+                    "prometheus": ("package", "prometheus=2.42.0+ds-5+deb12u1")}
+
+
+def test_plan_takes_the_pinned_archive_where_no_package_is_pinned():
+    """Ubuntu: no package pins ship, so every binary comes from its pinned release archive."""
+    plan, errors = _plan(SMI_SUM, "Ubuntu", "24", os_version="24.04")
+    assert errors == []
+    assert plan == {"node_exporter": ("tarball", "1.9.1"), "gpu_exporter": ("tarball", "nvidia_gpu_exporter 1.3.2"),
+                    "alertmanager": ("tarball", "0.28.1"), "prometheus": ("tarball", "2.53.3")}
+    # A pin added for Ubuntu makes auto take the package there.
+    plan, _ = _plan({**SMI_SUM, "node_exporter_package_versions": {"Ubuntu-24": "1.7.0-1ubuntu0.3"}}, "Ubuntu", "24")
+    assert plan["node_exporter"] == ("package", "prometheus-node-exporter=1.7.0-1ubuntu0.3")
+
+
+def test_plan_only_for_the_roles_the_host_runs():
+    plan, errors = _plan({}, roles=["node_exporter"])
+    assert list(plan) == ["node_exporter"] and errors == []
+    plan, _ = _plan({"gpu_exporter_enabled": False}, roles=["node_exporter", "gpu_exporter"])
+    assert list(plan) == ["node_exporter"]
+
+
+def test_plan_refuses_a_host_with_no_package_pin_and_no_verified_archive():
+    variables = {"node_exporter_package_versions": {"Debian-13": "1.9.0-1+b4"}, "node_exporter_tarball_checksum": ""}
+    _, errors = _plan(variables, roles=["node_exporter"], os_version="12.8")
+    assert errors[0] == (
+        "h: node_exporter_install_method: no install method for node_exporter on Debian 12.8: "
+        "node_exporter_package_versions pins no prometheus-node-exporter for Debian-12, and the tarball method has "
+        "no pinned, verified archive (below). Fix: add \"Debian-12: <version>\" to node_exporter_package_versions, "
+        "or pin the archive: node_exporter_tarball_version and node_exporter_tarball_checksum (sha256 from the "
+        "release's sha256sums.txt).")
+    assert "node_exporter_tarball_checksum: is empty" in errors[1] and len(errors) == 2
+    # Debian 13 has its pin: the same inputs pass there.
+    assert _plan(variables, "Debian", "13", roles=["node_exporter"])[1] == []
+
+
+def test_plan_refuses_an_unpinned_archive_version():
+    _, errors = _plan({"alertmanager_tarball_version": "latest"}, "Ubuntu", "22", roles=["alertmanager"])
+    assert [e.split(":")[1].strip() for e in errors] == ["alertmanager_install_method", "alertmanager_tarball_version"]
+
+
+def test_plan_package_asked_for_without_a_pin():
+    errors = _plan({"alertmanager_install_method": "package"}, "Ubuntu", "24", roles=["alertmanager"])[1]
+    assert errors == [errors[0]] and "no pinned version of prometheus-alertmanager for Ubuntu-24" in errors[0]
+    assert "set alertmanager_install_method: tarball" in errors[0]
+
+
+def test_plan_tarball_asked_for_where_a_package_is_pinned():
+    plan, errors = _plan({"prometheus_install_method": "tarball"}, roles=["prometheus"])
+    assert plan == {"prometheus": ("tarball", "2.53.3")} and errors == []
+    assert "is not an install method" in _plan({"prometheus_install_method": "docker"}, roles=["prometheus"])[1][0]
 
 
 @pytest.mark.parametrize("checksum, problem", [
@@ -101,37 +157,61 @@ def test_prometheus_defaults_pass_on_debian_and_need_a_pin_elsewhere():
     ("sha256:0123", "is not sha256:<64 hex digits>"),
     ("a" * 64, "is not sha256:<64 hex digits>"),
 ])
-def test_prometheus_tarball_checksum(checksum, problem):
+def test_plan_tarball_checksum(checksum, problem):
     variables = {"prometheus_install_method": "tarball", "prometheus_tarball_checksum": checksum}
-    errors = _well_formed(checks.prometheus_errors(variables, "h", "Debian", "12"))
+    errors = _plan(variables, roles=["prometheus"])[1]
     assert errors == [] if problem is None else problem in errors[0]
 
 
-def test_prometheus_tarball_url_and_thresholds():
+def test_plan_tarball_url():
+    variables = {"node_exporter_install_method": "tarball", "node_exporter_tarball_url": "mirror/ne.tar.gz"}
+    assert "node_exporter_tarball_url: 'mirror/ne.tar.gz' is not a URL" in _plan(variables, roles=["node_exporter"])[1][0]
+
+
+def test_plan_gpu_exporter_by_kind():
+    # The shipped nvidia-smi exporter sum is not verified: empty until the operator sets it.
+    _, errors = _plan({}, roles=["gpu_exporter"], os_version="12.8")
+    assert errors[0].startswith("h: gpu_exporter_kind: no install method for gpu_exporter on Debian 12.8: DCGM is not")
+    assert "gpu_exporter_nvidia_smi_checksum: is empty" in errors[1]
+    assert _plan({}, roles=["gpu_exporter"], dcgm_installed=True) == (
+        {"gpu_exporter": ("package", "datacenter-gpu-manager-exporter=4.8.2-1")}, [])
+    assert _plan({"gpu_exporter_kind": "none"}, roles=["gpu_exporter"]) == (
+        {"gpu_exporter": ("none", "textfile collector only")}, [])
+    bad = {"gpu_exporter_kind": "nvidia_smi", "gpu_exporter_nvidia_smi_checksum": "sha256:beef",
+           "gpu_exporter_nvidia_smi_url": "github.com/x.tar.gz"}
+    errors = _plan(bad, roles=["gpu_exporter"])[1]
+    assert [e.split(":")[1].strip() for e in errors] == ["gpu_exporter_nvidia_smi_url", "gpu_exporter_nvidia_smi_checksum"]
+    # A sums-file URL is not enough for it: the role pins the archive's own sum.
+    assert "is not sha256:<64 hex digits>" in _plan(
+        {"gpu_exporter_nvidia_smi_checksum": "sha256:https://mirror/checksums.txt"}, roles=["gpu_exporter"])[1][1]
+
+
+def test_shipped_archive_sums_are_pinned_or_marked_unverified():
+    """A shipped tarball default is a 64-hex sha256, upstream's sums file, or empty (refused)."""
+    defaults = checks.role_defaults()
+    for name in ("node_exporter_tarball_checksum", "alertmanager_tarball_checksum"):
+        assert checks.SHA256_PIN.fullmatch(defaults[name]), name
+    assert defaults["gpu_exporter_nvidia_smi_checksum"] == ""
+    assert "sha256sums.txt" in defaults["prometheus_tarball_checksum"]
+
+
+# -------------------------------------------------------------------------- prometheus
+def test_prometheus_thresholds():
     variables = {"prometheus_install_method": "tarball", "prometheus_tarball_url": "mirror/prometheus.tar.gz",
                  "prometheus_alert_ttft_p99_seconds": 0, "prometheus_alert_queue_backlog_requests": "many",
                  "prometheus_alert_gpu_temperature_celsius": "hot", "prometheus_alert_model_disk_free_ratio": 1,
                  "sglang_model_root": "srv/models"}
-    errors = _well_formed(checks.prometheus_errors(variables, "h", "Debian", "12"))
+    errors = _well_formed(checks.prometheus_errors(variables, "h"))
     assert [e.split(":")[1].strip() for e in errors] == [
-        "prometheus_tarball_url", "prometheus_alert_ttft_p99_seconds", "prometheus_alert_queue_backlog_requests",
+        "prometheus_alert_ttft_p99_seconds", "prometheus_alert_queue_backlog_requests",
         "prometheus_alert_gpu_temperature_celsius", "prometheus_alert_model_disk_free_ratio", "prometheus_model_root"]
     good = {"prometheus_alert_ttft_p99_seconds": "2.5", "prometheus_alert_queue_backlog_requests": 0,
             "prometheus_alert_model_disk_free_ratio": 0.05, "prometheus_model_root": "/data/models"}
-    assert checks.prometheus_errors(good, "h", "Debian", "12") == []
+    assert checks.prometheus_errors(good, "h") == []
 
 
 # ------------------------------------------------------------------------- alertmanager
 WEBHOOK = {"name": "oncall", "type": "webhook", "url": "https://hooks.example.com/alerts"}
-
-
-def test_alertmanager_defaults_pass_on_debian_and_need_a_pin_elsewhere():
-    assert checks.alertmanager_errors({}, "h", "Debian", "12") == []
-    assert checks.alertmanager_errors({}, "h", "Debian", "13") == []
-    errors = _well_formed(checks.alertmanager_errors({}, "h", "Ubuntu", "24"))
-    assert len(errors) == 1 and "no pinned version of prometheus-alertmanager for Ubuntu-24" in errors[0]
-    pinned = {"alertmanager_package_versions": {"Ubuntu-24": "0.26.0+ds-1"}}
-    assert checks.alertmanager_errors(pinned, "h", "Ubuntu", "24") == []
 
 
 def test_alertmanager_receivers_of_each_type_pass():
@@ -141,7 +221,7 @@ def test_alertmanager_receivers_of_each_type_pass():
         "alertmanager_smtp_smarthost": "smtp.example.com:587", "alertmanager_smtp_from": "am@example.com",
         "alertmanager_default_receiver": "mail", "alertmanager_watchdog_receiver": "oncall",
         "alertmanager_routes": [{"matchers": ['severity="critical"'], "receiver": "oncall"}, {"matchers": ["x=y"]}]}
-    assert checks.alertmanager_errors(variables, "h", "Debian", "12") == []
+    assert checks.alertmanager_errors(variables, "h") == []
 
 
 @pytest.mark.parametrize("receiver, variable, problem", [
@@ -157,63 +237,41 @@ def test_alertmanager_receivers_of_each_type_pass():
 ])
 def test_alertmanager_receiver_without_a_destination_is_refused(receiver, variable, problem):
     relay = {"alertmanager_smtp_smarthost": "smtp.example.com:587", "alertmanager_smtp_from": "am@example.com"}
-    errors = _well_formed(checks.alertmanager_errors({"alertmanager_receivers": [receiver], **relay}, "h", "Debian", "12"))
+    errors = _well_formed(checks.alertmanager_errors({"alertmanager_receivers": [receiver], **relay}, "h"))
     assert len(errors) == 1 and errors[0].startswith(f"h: {variable}: ") and problem in errors[0], errors
 
 
 def test_alertmanager_email_needs_a_mail_relay_and_a_sender():
     variables = {"alertmanager_receivers": [{"name": "mail", "type": "email", "to": "ops@example.com"}]}
-    errors = _well_formed(checks.alertmanager_errors(variables, "h", "Debian", "12"))
+    errors = _well_formed(checks.alertmanager_errors(variables, "h"))
     assert [e.split(":")[1].strip() for e in errors] == ["alertmanager_smtp_smarthost", "alertmanager_smtp_from"]
     errors = checks.alertmanager_errors({**variables, "alertmanager_smtp_smarthost": "smtp.example.com",
-                                         "alertmanager_smtp_from": "am@example.com"}, "h", "Debian", "12")
+                                         "alertmanager_smtp_from": "am@example.com"}, "h")
     assert len(errors) == 1 and "'smtp.example.com' is not host:port" in errors[0]
     # Without an email receiver the relay is not needed.
-    assert checks.alertmanager_errors({"alertmanager_receivers": [WEBHOOK]}, "h", "Debian", "12") == []
+    assert checks.alertmanager_errors({"alertmanager_receivers": [WEBHOOK]}, "h") == []
 
 
 def test_alertmanager_routes_name_known_receivers_and_durations_are_durations():
     variables = {"alertmanager_receivers": [WEBHOOK, {**WEBHOOK}], "alertmanager_default_receiver": "pager",
                  "alertmanager_watchdog_receiver": "deadmans", "alertmanager_group_wait": "30 seconds",
                  "alertmanager_routes": [{"matchers": ['severity="critical"'], "receiver": "sms"}]}
-    errors = _well_formed(checks.alertmanager_errors(variables, "h", "Debian", "12"))
+    errors = _well_formed(checks.alertmanager_errors(variables, "h"))
     assert [e.split(": ")[1] for e in errors] == [
         "alertmanager_receivers[1] (oncall)", "alertmanager_default_receiver", "alertmanager_watchdog_receiver",
         "alertmanager_routes[0].receiver", "alertmanager_group_wait"]
     assert "'sms' names no receiver" in errors[3]
     assert "is not a list of routes" in _well_formed(
-        checks.alertmanager_errors({"alertmanager_routes": {"receiver": "x"}}, "h", "Debian", "12"))[0]
+        checks.alertmanager_errors({"alertmanager_routes": {"receiver": "x"}}, "h"))[0]
     assert "is not a list" in _well_formed(
-        checks.alertmanager_errors({"alertmanager_receivers": WEBHOOK}, "h", "Debian", "12"))[0]
-
-
-# ------------------------------------------------------------------------ node_exporter
-def test_node_exporter_needs_a_pin_for_the_hosts_release():
-    assert checks.node_exporter_errors({}, "h", "Debian", "12") == []
-    errors = _well_formed(checks.node_exporter_errors({}, "h", "Ubuntu", "22"))
-    assert "no pinned version of prometheus-node-exporter for Ubuntu-22" in errors[0]
-    pinned = {"node_exporter_package_versions": {"Ubuntu-22": "1.3.1-1ubuntu0.22.04.2"}}
-    assert checks.node_exporter_errors(pinned, "h", "Ubuntu", "22") == []
-    assert checks.node_exporter_errors({"node_exporter_package_versions": {"Ubuntu-22": ""}}, "h", "Ubuntu", "22")
+        checks.alertmanager_errors({"alertmanager_receivers": WEBHOOK}, "h"))[0]
 
 
 # ------------------------------------------------------------------------- gpu_exporter
-def test_gpu_exporter_kind_and_checksum():
+def test_gpu_exporter_kind():
     assert checks.gpu_exporter_errors({}, "h") == []
     assert checks.gpu_exporter_errors({"gpu_exporter_enabled": False, "gpu_exporter_kind": "bad"}, "h") == []
     assert "is not an exporter kind" in _well_formed(checks.gpu_exporter_errors({"gpu_exporter_kind": "nvsmi"}, "h"))[0]
-    bad = {"gpu_exporter_nvidia_smi_checksum": "sha256:beef"}
-    assert "is not sha256:<64 hex digits>" in _well_formed(checks.gpu_exporter_errors(bad, "h"))[0]
-    # As the role: the checksum is checked for auto and nvidia_smi, not for dcgm or none.
-    assert checks.gpu_exporter_errors({**bad, "gpu_exporter_kind": "none"}, "h") == []
-    assert checks.gpu_exporter_errors({**bad, "gpu_exporter_kind": "dcgm"}, "h") == []
-
-
-def test_gpu_exporter_url_only_where_the_nvidia_smi_exporter_is_installed():
-    bad = {"gpu_exporter_nvidia_smi_url": "github.com/x.tar.gz"}
-    assert "is not a URL" in _well_formed(checks.gpu_exporter_errors(bad, "h"))[0]
-    assert checks.gpu_exporter_errors(bad, "h", dcgm_installed=True) == []  # auto picks DCGM there
-    assert checks.gpu_exporter_errors({"gpu_exporter_nvidia_smi_url": "https://mirror/x.tar.gz"}, "h") == []
 
 
 def test_gpu_exporter_dcgm_repository_key(tmp_path):

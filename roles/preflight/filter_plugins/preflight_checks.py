@@ -298,7 +298,6 @@ def role_defaults() -> dict:
     return defaults
 
 GPU_EXPORTER_KINDS = ("auto", "dcgm", "nvidia_smi", "none")
-PROMETHEUS_INSTALL_METHODS = ("package", "tarball")
 ROUTER_MODES = ("auto", "pd", "plain")
 GRAFANA_PASSWORD_MIN = 12
 DOWNLOAD_URL = re.compile(r"(https?|ftp|file)://\S+")
@@ -386,39 +385,10 @@ def _release_key(distribution, major) -> str:
     return f"{distribution}-{major}"
 
 
-def prometheus_errors(variables, host, distribution, major):
-    """prometheus (monitoring hosts): install method, pinned package or verified archive,
-    alert thresholds."""
+def prometheus_errors(variables, host):
+    """prometheus (monitoring hosts): alert thresholds and the model root (its install
+    method: install_plan)."""
     errors = []
-    method = _get(variables, "prometheus_install_method")
-    if method not in PROMETHEUS_INSTALL_METHODS:
-        errors.append(_err(host, "prometheus_install_method", f"{method!r} is not an install method.",
-                           "use package or tarball."))
-    elif method == "package":
-        key = _release_key(distribution, major)
-        versions = _get(variables, "prometheus_package_versions")
-        if not isinstance(versions, dict) or not str(versions.get(key) or ""):
-            errors.append(_err(host, "prometheus_package_versions", f"no pinned version of prometheus for "
-                               f"{key}, this host's release.",
-                               f'add "{key}: <version>" (apt-cache policy prometheus), or set '
-                               "prometheus_install_method: tarball."))
-    else:
-        checksum = _set(variables, "prometheus_tarball_checksum")
-        if checksum is not None:
-            text = str(checksum).strip()
-            if not text:
-                errors.append(_err(host, "prometheus_tarball_checksum", "is empty; the release archive would "
-                                   "be installed unverified.",
-                                   "set sha256:<64 hex digits>, or sha256:<URL of the release's sha256sums.txt>."))
-            elif not SHA256_PIN_OR_LIST.fullmatch(text):
-                errors.append(_err(host, "prometheus_tarball_checksum", f"{text!r} is not sha256:<64 hex digits> "
-                                   "or sha256:<URL of a sha256sums file>; the download would fail after the "
-                                   "host has changed.",
-                                   "copy the archive's SHA-256 from the release's sha256sums.txt, or point to that file."))
-        url = _set(variables, "prometheus_tarball_url")
-        if url is not None and not DOWNLOAD_URL.fullmatch(str(url).strip()):
-            errors.append(_err(host, "prometheus_tarball_url", f"{str(url).strip()!r} is not a URL.",
-                               "set the http(s) URL of the release archive (or of a mirror)."))
     thresholds = (
         ("prometheus_alert_ttft_p99_seconds", lambda v: v > 0, "a number of seconds above 0"),
         ("prometheus_alert_queue_backlog_requests", lambda v: v >= 0 and v == int(v), "a whole number, 0 or more"),
@@ -478,17 +448,10 @@ def _receiver_errors(host, receivers):
     return errors, names
 
 
-def alertmanager_errors(variables, host, distribution, major):
-    """alertmanager (monitoring hosts): a pinned package for the host's release, receivers
-    with a destination, a mail relay for email receivers, routes that name known receivers,
+def alertmanager_errors(variables, host):
+    """alertmanager (monitoring hosts): receivers with a destination, a mail relay for email receivers, routes that name known receivers,
     and durations. amtool would refuse most of these, but only in the monitoring play."""
     errors = []
-    key = _release_key(distribution, major)
-    versions = _get(variables, "alertmanager_package_versions")
-    if not isinstance(versions, dict) or not str(versions.get(key) or ""):
-        errors.append(_err(host, "alertmanager_package_versions", f"no pinned version of prometheus-alertmanager "
-                           f"for {key}, this host's release.",
-                           f'add "{key}: <version>" (apt-cache policy prometheus-alertmanager).'))
     receivers = _get(variables, "alertmanager_receivers")
     receiver_errors, names = _receiver_errors(host, receivers)
     errors += receiver_errors
@@ -521,20 +484,9 @@ def alertmanager_errors(variables, host, distribution, major):
     return errors
 
 
-def node_exporter_errors(variables, host, distribution, major):
-    """node_exporter (every host): a pinned package version for the host's release."""
-    key = _release_key(distribution, major)
-    package = _get(variables, "node_exporter_package")
-    versions = _get(variables, "node_exporter_package_versions")
-    if isinstance(versions, dict) and str(versions.get(key) or ""):
-        return []
-    return [_err(host, "node_exporter_package_versions", f"no pinned version of {package} for {key}, "
-                 "this host's release; node_exporter runs on every host.",
-                 f'add "{key}: <version>" (apt-cache policy {package}).')]
-
-
 def gpu_exporter_errors(variables, host, dcgm_installed=False, search_dirs=()):
-    """gpu_exporter (engine hosts): the exporter kind and what that kind downloads."""
+    """gpu_exporter (engine hosts): the exporter kind and DCGM's repository (the nvidia-smi
+    exporter's archive: install_plan)."""
     if not _bool(_get(variables, "gpu_exporter_enabled")):
         return []
     kind = _get(variables, "gpu_exporter_kind")
@@ -543,17 +495,6 @@ def gpu_exporter_errors(variables, host, dcgm_installed=False, search_dirs=()):
                      "use auto, dcgm, nvidia_smi or none.")]
     errors = []
     selected = kind if kind != "auto" else ("dcgm" if dcgm_installed else "nvidia_smi")
-    if kind in ("auto", "nvidia_smi"):
-        checksum = _set(variables, "gpu_exporter_nvidia_smi_checksum")
-        if checksum is not None and not SHA256_PIN.fullmatch(str(checksum)):
-            errors.append(_err(host, "gpu_exporter_nvidia_smi_checksum", f"{str(checksum)!r} is not "
-                               "sha256:<64 hex digits>.",
-                               "set the archive's SHA-256 from the release's checksums file."))
-    if selected == "nvidia_smi":
-        url = _set(variables, "gpu_exporter_nvidia_smi_url")
-        if url is not None and not DOWNLOAD_URL.fullmatch(str(url).strip()):
-            errors.append(_err(host, "gpu_exporter_nvidia_smi_url", f"{str(url).strip()!r} is not a URL.",
-                               "set the http(s) URL of the nvidia_gpu_exporter release archive (or of a mirror)."))
     if selected == "dcgm" and _bool(_get(variables, "gpu_exporter_dcgm_manage_repo")):
         for var in ("gpu_exporter_dcgm_repo_url", "nvidia_driver_repo_url"):
             url = _set(variables, var)
@@ -568,6 +509,120 @@ def gpu_exporter_errors(variables, host, dcgm_installed=False, search_dirs=()):
                 errors += _repo_key_errors(host, var, key, search_dirs, "gpu_exporter")
                 break
     return errors
+
+
+# ---------------------------------------------------------------------------------------
+# Install methods of the monitoring binaries. node_exporter, alertmanager and prometheus
+# install the distribution's package where <role>_package_versions pins one for the host's
+# release ("<distribution>-<major version>"), else the upstream release archive (method auto);
+# the GPU exporter's nvidia-smi exporter is always a release archive, DCGM's exporter a
+# package from NVIDIA's repository.
+INSTALL_METHODS = ("auto", "package", "tarball")
+# role: (its package, the variable that pins it, the prefix of its archive's variables)
+TARBALL_ROLES = {
+    "node_exporter": ("prometheus-node-exporter", "node_exporter_package_versions", "node_exporter_tarball"),
+    "alertmanager": ("prometheus-alertmanager", "alertmanager_package_versions", "alertmanager_tarball"),
+    "prometheus": ("prometheus", "prometheus_package_versions", "prometheus_tarball"),
+}
+
+
+def _archive_errors(variables, host, prefix, what, hex_only):
+    """The archive's version, sha256 and URL (the URL's default is built from the version)."""
+    errors = []
+    version = str(_get(variables, f"{prefix}_version") or "").strip()
+    if version.lower() in UNPINNED_WORDS or RANGE_CHARS.search(version):
+        errors.append(_err(host, f"{prefix}_version", f"{version!r} is not a pinned release of {what}.",
+                           "set the exact release (e.g. 1.9.1)."))
+    url = _set(variables, f"{prefix}_url")
+    if url is not None and not DOWNLOAD_URL.fullmatch(str(url).strip()):
+        errors.append(_err(host, f"{prefix}_url", f"{str(url).strip()!r} is not a URL.",
+                           f"set the http(s) URL of the {what} release archive (or of a mirror)."))
+    checksum = _set(variables, f"{prefix}_checksum")
+    if checksum is None:
+        checksum = role_defaults()[f"{prefix}_checksum"]
+        if "{{" in str(checksum):
+            return version, errors  # upstream's sums file for the pinned version, read at download
+    checksum = str(checksum or "").strip()
+    if not checksum:
+        errors.append(_err(host, f"{prefix}_checksum", f"is empty: there is no verified sha256 of the {what} "
+                           f"{version} archive, and it is never installed unchecked.",
+                           "set sha256:<64 hex digits> from the release's checksums file."))
+    elif hex_only and not SHA256_PIN.fullmatch(checksum):
+        errors.append(_err(host, f"{prefix}_checksum", f"{checksum!r} is not sha256:<64 hex digits>.",
+                           "set the archive's SHA-256 from the release's checksums file."))
+    elif not hex_only and not SHA256_PIN_OR_LIST.fullmatch(checksum):
+        errors.append(_err(host, f"{prefix}_checksum", f"{checksum!r} is not sha256:<64 hex digits> or "
+                           "sha256:<URL of a sha256sums file>; the download would fail after the host has changed.",
+                           "copy the archive's SHA-256 from the release's sha256sums.txt, or point to that file."))
+    return version, errors
+
+
+def _role_plan(variables, host, role, distribution, major, os_name):
+    package, pins_var, prefix = TARBALL_ROLES[role]
+    key = _release_key(distribution, major)
+    method = _get(variables, f"{role}_install_method")
+    if method not in INSTALL_METHODS:
+        return None, [_err(host, f"{role}_install_method", f"{method!r} is not an install method.",
+                           "use auto, package or tarball.")]
+    pins = _get(variables, pins_var)
+    pinned = str(pins.get(key) or "") if isinstance(pins, dict) else ""
+    if method == "package" or (method == "auto" and pinned):
+        if not pinned:
+            return None, [_err(host, pins_var, f"no pinned version of {package} for {key}, this host's release "
+                               f"({role} on {os_name}).",
+                               f'add "{key}: <version>" (apt-cache policy {package}), or set '
+                               f"{role}_install_method: tarball.")]
+        return {"role": role, "method": "package", "version": f"{package}={pinned}"}, []
+    version, errors = _archive_errors(variables, host, prefix, role, hex_only=False)
+    if errors and method == "auto":
+        errors.insert(0, _err(host, f"{role}_install_method", f"no install method for {role} on {os_name}: "
+                              f"{pins_var} pins no {package} for {key}, and the tarball method has no pinned, "
+                              "verified archive (below).",
+                              f'add "{key}: <version>" to {pins_var}, or pin the archive: {prefix}_version '
+                              f"and {prefix}_checksum (sha256 from the release's sha256sums.txt)."))
+    return {"role": role, "method": "tarball", "version": version}, errors
+
+
+def _gpu_exporter_plan(variables, host, os_name, dcgm_installed):
+    kind = _get(variables, "gpu_exporter_kind")
+    if kind not in GPU_EXPORTER_KINDS:
+        return None, []  # gpu_exporter_errors names it
+    selected = kind if kind != "auto" else ("dcgm" if dcgm_installed else "nvidia_smi")
+    if selected == "none":
+        return {"role": "gpu_exporter", "method": "none", "version": "textfile collector only"}, []
+    if selected == "dcgm":
+        return {"role": "gpu_exporter", "method": "package",
+                "version": f"{_get(variables, 'gpu_exporter_dcgm_package')}={_get(variables, 'gpu_exporter_dcgm_version')}"}, []
+    version, errors = _archive_errors(variables, host, "gpu_exporter_nvidia_smi", "nvidia_gpu_exporter", hex_only=True)
+    if errors and kind == "auto":
+        errors.insert(0, _err(host, "gpu_exporter_kind", f"no install method for gpu_exporter on {os_name}: DCGM is "
+                              "not installed, so auto picks the nvidia-smi exporter, and its release archive is not "
+                              "pinned and verified (below).",
+                              "set gpu_exporter_nvidia_smi_checksum (sha256 from the release's checksums.txt), "
+                              "install DCGM, or set gpu_exporter_kind: none."))
+    return {"role": "gpu_exporter", "method": "tarball", "version": f"nvidia_gpu_exporter {version}"}, errors
+
+
+def install_plan(variables, host, distribution, major, roles, dcgm_installed=False, os_version=None):
+    """Which install method and pinned version each role in `roles` gets on this host:
+    {"plan": [{role, method, version}], "errors": [...]}. A role with no usable method (no
+    package pin for the host's release and no pinned, verified archive) is an error naming
+    the host, the role, the OS and the fix."""
+    os_name = f"{distribution} {os_version or major}"
+    plan, errors = [], []
+    for role in roles:
+        if role == "gpu_exporter":
+            if not _bool(_get(variables, "gpu_exporter_enabled")):
+                continue
+            entry, problems = _gpu_exporter_plan(variables, host, os_name, dcgm_installed)
+        else:
+            entry, problems = _role_plan(variables, host, role, distribution, major, os_name)
+        if entry is not None:
+            plan.append(entry)
+        errors += problems
+    return {"plan": plan, "errors": errors}
+
+
 
 
 def gpu_host_errors(variables, host, search_dirs=()):
@@ -1067,7 +1122,7 @@ class FilterModule:
             "preflight_grafana_errors": grafana_errors,
             "preflight_prometheus_errors": prometheus_errors,
             "preflight_alertmanager_errors": alertmanager_errors,
-            "preflight_node_exporter_errors": node_exporter_errors,
+            "preflight_install_plan": install_plan,
             "preflight_gpu_exporter_errors": gpu_exporter_errors,
             "preflight_gpu_host_errors": gpu_host_errors,
             "preflight_gpu_count_errors": gpu_count_errors,
