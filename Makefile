@@ -21,10 +21,10 @@ unexport PYTHONDONTWRITEBYTECODE
 # (not installed: the controller runs no Prometheus service).
 PROMETHEUS_DEB_VERSION := 2.42.0+ds-5+deb12u1
 PROMETHEUS_BIN_DIR     := $(CURDIR)/.cache/prometheus-deb/usr/bin
-# for the monitoring tests and the prometheus role's tarball scenario (it packs these)
+# for the monitoring tests and the tarball_service scenario (it packs these)
 export SM120_PROMETHEUS_BIN_DIR := $(PROMETHEUS_BIN_DIR)
 # The node exporter and Alertmanager (with amtool) of Debian's pinned packages, which the
-# exporters' tarball scenarios pack as release archives (GitHub is not reachable here).
+# tarball_service scenario packs as release archives (GitHub is not reachable here).
 MONITORING_DEBS    := prometheus-node-exporter=1.5.0-1+b6 prometheus-alertmanager=0.25.0-1+b4
 MONITORING_BIN_DIR := $(CURDIR)/.cache/monitoring-deb/usr/bin
 export SM120_MONITORING_BIN_DIR := $(MONITORING_BIN_DIR)
@@ -44,7 +44,7 @@ molecule_test = start=$$(date +%s); printf '\n\033[1m==> molecule test %s in %s\
   || { echo "==> $(3) FAILED after $$(( $$(date +%s) - start )) s"; exit 1; }
 
 .PHONY: help setup apt venv sglang-venv rootfs lab lab-destroy lint test test-static \
-        test-unit test-kernels test-monitoring test-recipes test-lab test-roles test-site test-scenario clean prometheus-bin \
+        test-unit test-kernels test-kernels-compiler test-kernels-interpreter test-monitoring test-recipes test-lab test-roles test-site test-scenario clean prometheus-bin \
         monitoring-bin
 
 help:
@@ -121,6 +121,16 @@ test-kernels: sglang-venv
 	$(call step,kernels on CPU: Triton interpreter; sm_120 cross-compile; SGLang plugin)
 	@bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python
 
+# `make test` runs the two tiers apart: the interpreter tier at the lowest CPU priority
+# beside the Molecule scenarios (see test below).
+test-kernels-compiler: sglang-venv
+	$(call step,kernels on CPU: sm_120 cross-compile; SGLang plugin; packaging)
+	@bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python compiler
+
+test-kernels-interpreter: sglang-venv
+	$(call step,kernels on CPU: Triton interpreter against the torch references (nice 19))
+	@nice -n 19 bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python interpreter
+
 test-recipes: sglang-venv
 	$(call step,recipes: every shipped layout through SGLang's parser and resolution, against the models' config.json)
 	@$(SGLANG_VENV)/bin/python tests/recipes/check_recipes.py
@@ -158,7 +168,7 @@ test-lab: setup
 # the set in about two thirds of the serial time on a 2-core runner. Longest first, so the
 # lanes end together; each scenario's log is printed whole when it ends (make -O).
 ROLE_JOBS  ?= 2
-ROLE_ORDER := sglang_release nvidia_driver prometheus cuda_toolkit gpu_exporter preflight alertmanager node_exporter grafana
+ROLE_ORDER := sglang_release nvidia_driver tarball_service prometheus cuda_toolkit gpu_exporter preflight alertmanager node_exporter grafana
 ROLE_NAMES  = $(filter $(notdir $(ROLE_DIRS)),$(ROLE_ORDER)) $(filter-out $(ROLE_ORDER),$(notdir $(ROLE_DIRS)))
 
 test-roles: setup prometheus-bin monitoring-bin
@@ -181,21 +191,24 @@ molecule-site/%:
 	@$(call molecule_test,.,-s $*,molecule/$*)
 
 # CI runs on 2 cores, and what bounds it is CPU time, so `make test` keeps both busy:
-# - the static checks, the kernel tests (their interpreter and compiler tiers at once)
-#   and the monitoring tests run while the root filesystems download and unpack
-#   (debootstrap mostly waits on the network and the disk), and then while the lab
-#   lifecycle test boots and removes its hosts (it mostly waits on them);
+# - the static checks, the kernels' compiler tier and the monitoring tests run while the
+#   root filesystems download and unpack (debootstrap mostly waits on the network and the
+#   disk), and then while the lab lifecycle test boots and removes its hosts;
 # - then two lanes, longest scenario first: the examples scenario in one, the multi-node
 #   examples scenario and then the role scenarios in the other; the lane that ends first
-#   takes the roles left. A third lane does not pay: a scenario alone keeps the cores about
-#   half busy (it waits on health gates, restarts and timeouts), but beside two others it
-#   takes nearly twice as long.
+#   takes the roles left. A third lane does not pay: beside two others a scenario takes
+#   nearly twice as long. But two lanes leave CPU idle while they wait on health gates,
+#   restarts and timeouts: the kernels' interpreter tier (pure CPU) runs beside them at
+#   nice 19 and takes only that idle time.
 MOLECULE_JOBS ?= 2
 test:
-	@$(MAKE) --no-print-directory -j6 --output-sync=target test-static test-unit test-kernels \
+	@$(MAKE) --no-print-directory -j6 --output-sync=target test-static test-unit test-kernels-compiler \
 	  test-monitoring test-recipes test-lab monitoring-bin
-	@$(MAKE) --no-print-directory -j$(MOLECULE_JOBS) --output-sync=target \
-	  $(addprefix molecule-site/,$(SITE_RUN)) $(addprefix molecule-role/,$(ROLE_NAMES))
+	@$(MAKE) --no-print-directory test-kernels-interpreter > .cache/kernels-interpreter.log 2>&1 & kernels=$$!; \
+	  lanes=0; $(MAKE) --no-print-directory -j$(MOLECULE_JOBS) --output-sync=target \
+	    $(addprefix molecule-site/,$(SITE_RUN)) $(addprefix molecule-role/,$(ROLE_NAMES)) || lanes=$$?; \
+	  interpreter=0; wait $$kernels || interpreter=$$?; cat .cache/kernels-interpreter.log; \
+	  [ $$lanes -eq 0 ] && [ $$interpreter -eq 0 ]
 	$(call step,all tests passed)
 
 clean: lab-destroy

@@ -137,3 +137,26 @@ def test_preflight_refuses_gate_inputs_naming_host_variable_and_fix(variables, r
     errors = checks.acceptance_errors({"sglang_acceptance_gate": True, **variables}, "gpu-01", "m", recipe, baseline)
     assert len(errors) == 1, errors
     assert errors[0].startswith(f"gpu-01: {variable}: ") and " Fix: " in errors[0]
+
+
+plot = _load("plot_bench", REPO / "roles/sglang_acceptance/files/plot_bench.py")
+
+
+def test_plot_draws_both_releases_into_a_png(tmp_path):
+    import matplotlib.image
+
+    current = acc.summarize(RESULTS, 8, {"release": "r2", "recipe": "kimi-k2.5-int4", "input_len": 64, "output_len": 32})
+    previous = acc.summarize([level(1, 12.0, 80.0, 60.0), level(8, 14.0, 500.0, 90.0)], 8, {"release": "r1"})
+    for name, prev in (("alone.png", None), ("both.png", previous)):
+        plot.plot(current, tmp_path / name, prev)
+    pixels = matplotlib.image.imread(tmp_path / "both.png")
+    assert pixels.shape[:2] == (420, 1100)
+    # the previous release's dashed lines add pixels to the same axes
+    alone = matplotlib.image.imread(tmp_path / "alone.png")
+    assert (pixels != alone).any()
+    assert plot.series(current, "output_tok_s") == ([1, 8, 32], [90.0, 600.0, 1500.0])
+
+
+def test_plot_skips_levels_without_the_figure():
+    bench = {"levels": [{"concurrency": 1, "itl_p99_ms": None}, {"concurrency": 8, "itl_p99_ms": 3.0}]}
+    assert plot.series(bench, "itl_p99_ms") == ([8], [3.0])
