@@ -450,3 +450,24 @@ def test_gpu_count_on_the_pci_bus():
     assert "nvidia_gpu_hosts: this host is a GPU host but its PCI bus shows no NVIDIA GPU" in errors[0]
     assert checks.gpu_count_errors([""], "h", {"nvidia_driver_require_gpu": False}) == []
     assert checks.gpu_count_errors([], "h", {"nvidia_driver_smi_output_dir": "/srv/recorded"}) == []
+
+
+def test_monitoring_tls_needs_all_three_files_on_the_controller(tmp_path):
+    for name in ("host.crt", "host.key", "ca.crt"):
+        (tmp_path / name).write_text("-----BEGIN-----\n")
+    files = {"monitoring_web_tls_cert": str(tmp_path / "host.crt"), "monitoring_web_tls_key": str(tmp_path / "host.key"),
+             "monitoring_web_tls_ca": str(tmp_path / "ca.crt")}
+    assert checks.web_config_errors({}, "h") == []
+    assert checks.web_config_errors(files, "h") == []
+    assert checks.web_config_errors({**files, "monitoring_web_password": "pw"}, "h") == []
+    # a relative path is found below the controller's search directories
+    assert checks.web_config_errors({**files, "monitoring_web_tls_ca": "ca.crt"}, "h", [str(tmp_path)]) == []
+    missing_key = _well_formed(checks.web_config_errors({**files, "monitoring_web_tls_key": ""}, "h"))
+    assert len(missing_key) == 1 and missing_key[0].startswith("h: monitoring_web_tls_key: is not set;")
+    absent_ca = _well_formed(checks.web_config_errors({**files, "monitoring_web_tls_ca": "/nowhere/ca.crt"}, "h"))
+    assert absent_ca == [absent_ca[0]] and "'/nowhere/ca.crt' is not a file on the controller" in absent_ca[0]
+
+
+def test_monitoring_basic_auth_is_refused_without_tls():
+    errors = _well_formed(checks.web_config_errors({"monitoring_web_password": "pw"}, "h"))
+    assert len(errors) == 1 and errors[0].startswith("h: monitoring_web_password: is set but TLS is off")

@@ -381,6 +381,31 @@ def grafana_errors(variables, host, search_dirs=()):
     return errors
 
 
+def web_config_errors(variables, host, search_dirs=()):
+    """TLS and basic auth of the monitoring endpoints (defaults/monitoring.yml; every host runs
+    a node exporter): the three files on the controller, and a password only over TLS."""
+    def value(name):
+        return str(_set(variables, name) or "").strip()
+
+    cert, password = value("monitoring_web_tls_cert"), value("monitoring_web_password")
+    errors = []
+    if cert:
+        for name in ("monitoring_web_tls_cert", "monitoring_web_tls_key", "monitoring_web_tls_ca"):
+            path = value(name)
+            if not controller_file(path, search_dirs):
+                problem = "is not set" if not path else f"{path!r} is not a file on the controller"
+                errors.append(_err(host, name, f"{problem}; TLS is on (monitoring_web_tls_cert is set) and the "
+                                   "monitoring roles copy the host's certificate, its key and the CA from there.",
+                                   "set all three to files on the controller (per host in host_vars, or one "
+                                   "path with {{ inventory_hostname }} in it), or leave monitoring_web_tls_cert "
+                                   "empty."))
+    elif password:
+        errors.append(_err(host, "monitoring_web_password", "is set but TLS is off (monitoring_web_tls_cert is "
+                           "empty), and the password would cross the network in clear.",
+                           "set monitoring_web_tls_cert, _key and _ca too, or leave the password empty."))
+    return errors
+
+
 def _release_key(distribution, major) -> str:
     return f"{distribution}-{major}"
 
@@ -1120,6 +1145,7 @@ class FilterModule:
             "preflight_version_errors": version_errors,
             "preflight_disk_errors": disk_errors,
             "preflight_grafana_errors": grafana_errors,
+            "preflight_web_config_errors": web_config_errors,
             "preflight_prometheus_errors": prometheus_errors,
             "preflight_alertmanager_errors": alertmanager_errors,
             "preflight_install_plan": install_plan,
