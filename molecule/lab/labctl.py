@@ -52,7 +52,7 @@ MASKED_UNITS = ["console-getty.service", "getty@tty1.service", "systemd-timesync
 # Bump when the recipe below changes in a way the hash cannot see.
 RECIPE_REVISION = "3"
 BOOT_TIMEOUT_S = 300  # generous: a loaded 2-core machine has taken over 120 s
-STOP_TIMEOUT_S = 30
+STOP_TIMEOUT_S = 10  # a lab host is thrown away: its clean poweroff is a courtesy
 KILL_ROUNDS = 50  # 0.1 s apart: what still runs in a host's root after its poweroff
 RMTREE_TRIES = 20  # 0.5 s apart, killing leftovers in between
 
@@ -340,18 +340,20 @@ def remove_host_dir(name: str, hdir: Path) -> None:
             time.sleep(0.5)
 
 
-def down(name: str, signalled: bool = False) -> None:
+def down(name: str, deadline: float | None = None) -> None:
+    """Power the host off (killing it at the deadline, STOP_TIMEOUT_S from now unless
+    given: then its poweroff has already begun) and remove it."""
     hdir = host_dir(name)
     meta = read_json(hdir / "host.json")
     pid = meta.get("pid")
     if pid and alive(pid):
-        if not signalled:
+        if deadline is None:
             begin_poweroff(name)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
+            deadline = time.monotonic() + STOP_TIMEOUT_S
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         if alive(pid):
-            log(f"{name}: poweroff timed out; killing")
+            log(f"{name}: poweroff took over {STOP_TIMEOUT_S} s; killing")
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -361,8 +363,9 @@ def down(name: str, signalled: bool = False) -> None:
     for point in sorted(lab_mounts(hdir), reverse=True):
         subprocess.run(["umount", "-l", point], check=False)
     if hdir.exists():
+        started = time.monotonic()
         remove_host_dir(name, hdir)
-        log(f"{name}: removed")
+        log(f"{name}: removed ({time.monotonic() - started:.1f} s)")
 
 
 def all_hosts() -> list[str]:
@@ -427,11 +430,12 @@ def main() -> int:
         if not args.name and not args.all:
             sys.exit("down: name a host or pass --all")
         names = all_hosts() if args.all else [args.name]
-        # every host shuts down at once; then each is waited for and removed
+        # Every host shuts down at once, within one shared deadline; then each is removed.
         for name in names:
             begin_poweroff(name)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
         for name in names:
-            down(name, signalled=True)
+            down(name, deadline)
         if args.all:
             shutil.rmtree(state_dir(), ignore_errors=True)
     elif args.command == "status":

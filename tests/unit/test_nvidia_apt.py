@@ -11,7 +11,7 @@ _spec = importlib.util.spec_from_file_location(
 apt = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(apt)
 
-PATTERN = "^(nvidia-|libnvidia-|libcuda1|firmware-nvidia-|libxnvctrl)"
+HELD = ["nvidia-*", "libnvidia-*", "libcuda1*", "firmware-nvidia-*", "libxnvctrl*"]
 MADISON = """nvidia-kernel-open-dkms | 590.48.01-1 | http://mirror/debian12/x86_64  Packages
 nvidia-kernel-open-dkms | 580.105.08-1 | http://mirror/debian12/x86_64  Packages
 nvidia-kernel-open-dkms | 580.95.05-1 | http://mirror/debian12/x86_64  Packages
@@ -50,9 +50,9 @@ def test_driver_packages_for_holds():
     facts = installed(nvidia_kernel_open_dkms="580.95.05-1", nvidia_smi="580.95.05-1",
                       libcuda1="580.95.05-1", nvidia_driver_pinning_580="1.0-1",
                       nvidia_container_toolkit="1.17.8-1", python3="3.11.2-1")
-    assert apt.driver_packages(facts, PATTERN) == [
+    assert apt.driver_packages(facts, HELD) == [
         "libcuda1", "nvidia-container-toolkit", "nvidia-driver-pinning-580", "nvidia-kernel-open-dkms", "nvidia-smi"]
-    assert apt.driver_packages(facts, PATTERN, "580.95.05-1") == ["libcuda1", "nvidia-kernel-open-dkms", "nvidia-smi"]
+    assert apt.driver_packages(facts, HELD, "580.95.05-1") == ["libcuda1", "nvidia-kernel-open-dkms", "nvidia-smi"]
 
 
 def test_upstream_version():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import re
 
 
 def pin_glob(branch, version=""):
@@ -36,11 +35,10 @@ def newest_matching(versions, glob):
     return next((v for v in versions if fnmatch.fnmatchcase(v, glob)), "")
 
 
-def driver_packages(installed, pattern, version=None):
-    """Installed packages whose names match pattern (and, when given, at that version)."""
-    rx = re.compile(pattern)
+def driver_packages(installed, globs, version=None):
+    """Installed packages whose names match one of the globs (and, when given, at that version)."""
     return sorted(name for name, versions in (installed or {}).items()
-                  if rx.search(name) and (version is None
+                  if any(fnmatch.fnmatchcase(name, g) for g in globs) and (version is None
                                           or any(v.get("version") == version for v in versions)))
 
 
