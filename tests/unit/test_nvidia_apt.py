@@ -59,3 +59,32 @@ def test_upstream_version():
     assert apt.upstream_version("580.95.05-1") == "580.95.05"
     assert apt.upstream_version("1:580.95.05-0ubuntu1") == "580.95.05"
     assert apt.upstream_version("") == ""
+
+
+BY_DISTRIBUTION = {
+    "Debian": ["nvidia-kernel-open-dkms", "nvidia-driver-cuda", "nvidia-persistenced"],
+    "Ubuntu": ["nvidia-dkms-{branch}-open", "libnvidia-compute-{branch}", "nvidia-utils-{branch}",
+               "nvidia-compute-utils-{branch}"],
+}
+
+
+def test_package_names_per_distribution_and_branch():
+    assert apt.package_names([], BY_DISTRIBUTION, "Debian", "580") == BY_DISTRIBUTION["Debian"]
+    # NVIDIA's Ubuntu packages carry the branch up to 580 and drop it from 590 on.
+    assert apt.package_names([], BY_DISTRIBUTION, "Ubuntu", "580") == [
+        "nvidia-dkms-580-open", "libnvidia-compute-580", "nvidia-utils-580", "nvidia-compute-utils-580"]
+    assert apt.package_names([], BY_DISTRIBUTION, "Ubuntu", "590") == [
+        "nvidia-dkms-open", "libnvidia-compute", "nvidia-utils", "nvidia-compute-utils"]
+    # The operator's own list wins; a distribution without names gives none.
+    assert apt.package_names(["nvidia-open"], BY_DISTRIBUTION, "Ubuntu", "580") == ["nvidia-open"]
+    assert apt.package_names([], BY_DISTRIBUTION, "Rocky", "580") == []
+
+
+def test_open_and_proprietary_module_packages():
+    assert apt.open_module_package(["libnvidia-compute-580", "nvidia-dkms-580-open"]) == "nvidia-dkms-580-open"
+    assert apt.open_module_package(["nvidia-dkms-open"]) == "nvidia-dkms-open"
+    assert apt.open_module_package(["nvidia-driver-cuda", "nvidia-kernel-open-dkms"]) == "nvidia-kernel-open-dkms"
+    assert apt.open_module_package(["nvidia-dkms-580", "nvidia-driver-cuda"]) == ""
+    assert apt.proprietary_packages(["nvidia-dkms-580", "nvidia-dkms", "cuda-drivers-580", "nvidia-kernel-dkms",
+                                     "nvidia-dkms-580-open", "nvidia-kernel-open-dkms"]) == [
+        "nvidia-dkms-580", "nvidia-dkms", "cuda-drivers-580", "nvidia-kernel-dkms"]

@@ -292,9 +292,26 @@ def test_gpu_exporter_dcgm_repository_key(tmp_path):
 
 
 # ------------------------------------------------------------- nvidia_driver, cuda_toolkit
+DEBIAN = {"ansible_facts": {"distribution": "Debian"}}
+UBUNTU = {"ansible_facts": {"distribution": "Ubuntu"}}
+
+
 def test_gpu_host_defaults_pass():
-    assert checks.gpu_host_errors({}, "h") == []
-    assert checks.gpu_host_errors({"nvidia_driver_version": "580.95.05", "cuda_toolkit_version": "13.1"}, "h") == []
+    assert checks.gpu_host_errors(DEBIAN, "h") == []
+    assert checks.gpu_host_errors({**DEBIAN, "nvidia_driver_version": "580.95.05", "cuda_toolkit_version": "13.1"}, "h") == []
+    # Ubuntu: NVIDIA's Ubuntu names, with the branch in them up to 580 and without from 590.
+    assert checks.gpu_host_errors(UBUNTU, "h") == []
+    assert checks.gpu_host_errors({**UBUNTU, "nvidia_driver_branch": "590"}, "h") == []
+
+
+def test_gpu_host_distribution_without_driver_names():
+    errors = _well_formed(checks.gpu_host_errors({"ansible_facts": {"distribution": "Rocky"}}, "h"))
+    assert any("nvidia_driver_packages: names no open kernel module package (none for Rocky)" in e
+               and "nvidia_driver_distribution_packages" in e for e in errors), errors
+    ubuntu_proprietary = _well_formed(checks.gpu_host_errors(
+        {**UBUNTU, "nvidia_driver_packages": ["nvidia-dkms-580", "libnvidia-compute-580"]}, "h"))
+    assert any("nvidia_driver_packages: nvidia-dkms-580 is the proprietary kernel module flavour" in e
+               for e in ubuntu_proprietary), ubuntu_proprietary
 
 
 @pytest.mark.parametrize("variables, problem", [
@@ -303,7 +320,7 @@ def test_gpu_host_defaults_pass():
     ({"nvidia_driver_version": "580.x"}, "nvidia_driver_version: '580.x' is not an exact driver version."),
     ({"nvidia_driver_packages": ["nvidia-kernel-dkms", "nvidia-kernel-open-dkms"]},
      "nvidia_driver_packages: nvidia-kernel-dkms is the proprietary kernel module flavour"),
-    ({"nvidia_driver_packages": ["nvidia-driver-cuda"]}, "nvidia_driver_packages: names no open kernel module package."),
+    ({"nvidia_driver_packages": ["nvidia-driver-cuda"]}, "nvidia_driver_packages: names no open kernel module package (nvidia-driver-cuda)."),
     ({"nvidia_driver_repo_url": "developer.download.nvidia.com/compute/cuda/repos"},
      "is not an http, https or file URL"),
     ({"nvidia_driver_repo_key": "/nonexistent/3bf863cc.pub"}, "is neither an http(s)/file URL nor a file on the controller"),
@@ -311,30 +328,30 @@ def test_gpu_host_defaults_pass():
     ({"cuda_toolkit_version": 13}, "cuda_toolkit_version: '13' is not a CUDA 13.x"),
 ])
 def test_gpu_host_refusals(variables, problem):
-    errors = _well_formed(checks.gpu_host_errors(variables, "h"))
+    errors = _well_formed(checks.gpu_host_errors({**DEBIAN, **variables}, "h"))
     assert any(problem in e for e in errors), errors
 
 
 def test_gpu_host_repository_as_file_url_or_controller_file(tmp_path):
     key = tmp_path / "3bf863cc.pub"
     key.write_text("key")
-    assert checks.gpu_host_errors({"nvidia_driver_repo_url": "file:///srv/mirror/cuda",
+    assert checks.gpu_host_errors({**DEBIAN, "nvidia_driver_repo_url": "file:///srv/mirror/cuda",
                                    "nvidia_driver_repo_key": str(key)}, "h") == []
-    assert checks.gpu_host_errors({"nvidia_driver_repo_key": "file:///srv/mirror/3bf863cc.pub"}, "h") == []
+    assert checks.gpu_host_errors({**DEBIAN, "nvidia_driver_repo_key": "file:///srv/mirror/3bf863cc.pub"}, "h") == []
 
 
 def test_power_limits():
-    assert checks.gpu_host_errors({"nvidia_driver_power_limits": {"all": 450}}, "h") == []
-    assert checks.gpu_host_errors({"nvidia_driver_power_limits": {0: 450, "7": "500", 3: ""}}, "h") == []
-    errors = _well_formed(checks.gpu_host_errors({"nvidia_driver_power_limits": {8: 450, "0": "lots", "gpu1": 1}}, "h"))
+    assert checks.gpu_host_errors({**DEBIAN, "nvidia_driver_power_limits": {"all": 450}}, "h") == []
+    assert checks.gpu_host_errors({**DEBIAN, "nvidia_driver_power_limits": {0: 450, "7": "500", 3: ""}}, "h") == []
+    errors = _well_formed(checks.gpu_host_errors({**DEBIAN, "nvidia_driver_power_limits": {8: 450, "0": "lots", "gpu1": 1}}, "h"))
     assert any("GPU 8 does not exist; the host has 8 GPUs (0-7" in e for e in errors)
     assert any("nvidia_driver_power_limits[0]: 'lots' is not a power limit in watts." in e for e in errors)
     assert any("'gpu1' is neither a GPU index nor all." in e for e in errors)
     # The GPU count follows nvidia_driver_gpu_count, else sglang_gpu_count.
-    assert checks.gpu_host_errors({"nvidia_driver_power_limits": {5: 450}, "sglang_gpu_count": 4}, "h")
-    assert checks.gpu_host_errors({"nvidia_driver_power_limits": {5: 450}, "sglang_gpu_count": 4,
+    assert checks.gpu_host_errors({**DEBIAN, "nvidia_driver_power_limits": {5: 450}, "sglang_gpu_count": 4}, "h")
+    assert checks.gpu_host_errors({**DEBIAN, "nvidia_driver_power_limits": {5: 450}, "sglang_gpu_count": 4,
                                    "nvidia_driver_gpu_count": 8}, "h") == []
-    assert "is not a mapping" in _well_formed(checks.gpu_host_errors({"nvidia_driver_power_limits": [450]}, "h"))[0]
+    assert "is not a mapping" in _well_formed(checks.gpu_host_errors({**DEBIAN, "nvidia_driver_power_limits": [450]}, "h"))[0]
 
 
 # ------------------------------------------------------------ sglang_release, sglang_router

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import fnmatch
+import re
+
+# The open kernel module: Debian's and Ubuntu's (branch-named before 590) package names,
+# and NVIDIA's meta package. The proprietary flavour does not drive Blackwell GPUs.
+OPEN_MODULE = re.compile(r"nvidia-(kernel-open-dkms|open|dkms(-[0-9]+)?-open)")
+PROPRIETARY_MODULE = re.compile(r"nvidia-kernel-dkms|cuda-drivers(-[0-9]+)?|nvidia-dkms(-[0-9]+)?")
 
 
 def pin_glob(branch, version=""):
@@ -42,6 +48,29 @@ def driver_packages(installed, globs, version=None):
                                           or any(v.get("version") == version for v in versions)))
 
 
+def package_names(packages, by_distribution, distribution, branch):
+    """The driver packages to install: packages when set, else NVIDIA's names for the
+    distribution, with {branch} filled in (Ubuntu's names carry the branch up to 580 and
+    drop it from 590 on: nvidia-dkms-580-open, nvidia-dkms-open)."""
+    if packages:
+        return [str(p) for p in packages]
+    branch = str(branch)
+    names = (by_distribution or {}).get(str(distribution), [])
+    if branch.isdigit() and int(branch) >= 590:
+        return [str(n).replace("-{branch}", "") for n in names]
+    return [str(n).replace("{branch}", branch) for n in names]
+
+
+def open_module_package(packages):
+    """The package of the open kernel module among packages, or ''."""
+    return next((p for p in packages if OPEN_MODULE.fullmatch(p)), "")
+
+
+def proprietary_packages(packages):
+    """Packages of the proprietary kernel module flavour."""
+    return [p for p in packages if PROPRIETARY_MODULE.fullmatch(p)]
+
+
 def upstream_version(version):
     """'580.95.05-1' -> '580.95.05' (epoch and Debian revision dropped)."""
     version = str(version or "")
@@ -60,4 +89,7 @@ class FilterModule:
             "nvidia_newest_matching": newest_matching,
             "nvidia_driver_packages": driver_packages,
             "nvidia_upstream_version": upstream_version,
+            "nvidia_package_names": package_names,
+            "nvidia_open_module_package": open_module_package,
+            "nvidia_proprietary_packages": proprietary_packages,
         }

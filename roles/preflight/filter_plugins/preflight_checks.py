@@ -307,6 +307,18 @@ SHA256_PIN = re.compile(r"sha256:[0-9a-f]{64}")
 SHA256_PIN_OR_LIST = re.compile(r"sha256:([0-9a-f]{64}|(https?|ftp|file)://\S+)")
 
 
+@functools.cache
+def nvidia_apt():
+    """nvidia_driver's own package-name helpers (filter_plugins/nvidia_apt.py), not a copy."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "sm120_nvidia_apt", ROLES_DIR / "nvidia_driver" / "filter_plugins" / "nvidia_apt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _get(variables, name):
     """The host's value of a later role's variable, or that role's default."""
     if variables is not None and name in variables:
@@ -667,15 +679,19 @@ def gpu_host_errors(variables, host, search_dirs=()):
         errors.append(_err(host, "nvidia_driver_version", f"{version} is not on branch {branch} "
                            "(nvidia_driver_branch).", "set both to the same branch."))
     packages = _get(variables, "nvidia_driver_packages")
-    packages = [str(p) for p in packages] if isinstance(packages, list) else []
-    for package in packages:
-        if re.match(r"(nvidia-kernel-dkms|cuda-drivers)", package):
-            errors.append(_err(host, "nvidia_driver_packages", f"{package} is the proprietary kernel module "
-                               "flavour, which does not drive Blackwell GPUs.",
-                               "use nvidia-kernel-open-dkms (or nvidia-open)."))
-    if not any(re.fullmatch(r"nvidia-(kernel-open-dkms|open)", p) for p in packages):
-        errors.append(_err(host, "nvidia_driver_packages", "names no open kernel module package.",
-                           "include nvidia-kernel-open-dkms (compute-only) or nvidia-open."))
+    distribution = str(((variables or {}).get("ansible_facts") or {}).get("distribution", ""))
+    packages = nvidia_apt().package_names(
+        packages if isinstance(packages, list) else [], _get(variables, "nvidia_driver_distribution_packages"),
+        distribution, branch)
+    for package in nvidia_apt().proprietary_packages(packages):
+        errors.append(_err(host, "nvidia_driver_packages", f"{package} is the proprietary kernel module "
+                           "flavour, which does not drive Blackwell GPUs.",
+                           "use nvidia-kernel-open-dkms (Ubuntu: nvidia-dkms-<branch>-open) or nvidia-open."))
+    if not nvidia_apt().open_module_package(packages):
+        errors.append(_err(host, "nvidia_driver_packages", "names no open kernel module package "
+                           f"({', '.join(packages) or 'none for ' + (distribution or 'an unknown distribution')}).",
+                           "include nvidia-kernel-open-dkms (Ubuntu: nvidia-dkms-<branch>-open) or nvidia-open, "
+                           "or name the distribution's packages in nvidia_driver_distribution_packages."))
     url = _set(variables, "nvidia_driver_repo_url")
     if url is not None and not APT_URL.fullmatch(str(url).strip()):
         errors.append(_err(host, "nvidia_driver_repo_url", f"{str(url).strip()!r} is not an http, https or file "
