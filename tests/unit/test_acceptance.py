@@ -4,24 +4,18 @@ accept length read from /metrics; and preflight's refusal of gate inputs."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
+from repo_module import load
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-acc = _load("acceptance", REPO / "roles/sglang_acceptance/filter_plugins/acceptance.py")
-checks = _load("preflight_checks", REPO / "roles/preflight/filter_plugins/preflight_checks.py")
+acc = load("acceptance", REPO / "roles/sglang_acceptance/filter_plugins/acceptance.py")
+checks = load("preflight_checks", REPO / "roles/preflight/filter_plugins/preflight_checks.py")
 
 
 def level(c, tpot, out, ttft99, **extra):
@@ -139,7 +133,7 @@ def test_preflight_refuses_gate_inputs_naming_host_variable_and_fix(variables, r
     assert errors[0].startswith(f"gpu-01: {variable}: ") and " Fix: " in errors[0]
 
 
-plot = _load("plot_bench", REPO / "roles/sglang_acceptance/files/plot_bench.py")
+plot = load("plot_bench", REPO / "roles/sglang_acceptance/files/plot_bench.py")
 
 
 def test_plot_draws_both_releases_into_a_png(tmp_path):

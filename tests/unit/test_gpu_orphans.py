@@ -7,16 +7,13 @@ from a login session. Starting prefill-0 must kill 4101, 4102 and 6001, never de
 
 from __future__ import annotations
 
-import importlib.util
 import stat
 from pathlib import Path
+from repo_module import load
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "gpu_orphans"
-_spec = importlib.util.spec_from_file_location(
-    "gpu_orphans", REPO / "roles" / "sglang_engine" / "files" / "sglang_gpu_orphans.py")
-orphans = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(orphans)
+orphans = load("gpu_orphans", REPO / "roles" / "sglang_engine" / "files" / "sglang_gpu_orphans.py")
 
 UNITS = {4101: "sglang-engine@prefill-0.service", 4102: "sglang-engine@prefill-0.service",
          5201: "sglang-engine@decode-0.service", 5202: "sglang-engine@decode-0.service", 6001: None}

@@ -9,15 +9,13 @@ between, and only gives up after RMTREE_TRIES attempts.
 from __future__ import annotations
 
 import errno
-import importlib.util
 from pathlib import Path
 
 import pytest
+from repo_module import load
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("labctl", REPO / "molecule" / "lab" / "labctl.py")
-labctl = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(labctl)
+labctl = load("labctl", REPO / "molecule" / "lab" / "labctl.py")
 
 
 @pytest.fixture

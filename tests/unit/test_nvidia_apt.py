@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+from repo_module import load
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "nvidia_apt", REPO / "roles" / "nvidia_driver" / "filter_plugins" / "nvidia_apt.py")
-apt = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(apt)
+apt = load("nvidia_apt", REPO / "roles" / "nvidia_driver" / "filter_plugins" / "nvidia_apt.py")
 
 HELD = ["nvidia-*", "libnvidia-*", "libcuda1*", "firmware-nvidia-*", "libxnvctrl*"]
 MADISON = """nvidia-kernel-open-dkms | 590.48.01-1 | http://mirror/debian12/x86_64  Packages

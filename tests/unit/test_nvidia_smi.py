@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+from repo_module import load
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nvidia"
-_spec = importlib.util.spec_from_file_location(
-    "nvidia_smi", REPO / "roles" / "nvidia_driver" / "filter_plugins" / "nvidia_smi.py")
-smi = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(smi)
+smi = load("nvidia_smi", REPO / "roles" / "nvidia_driver" / "filter_plugins" / "nvidia_smi.py")
 
 HOST = "gpu-node-1"
 

@@ -9,18 +9,15 @@ back to are values it can judge.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from repo_module import load
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "preflight_checks", REPO / "roles" / "preflight" / "filter_plugins" / "preflight_checks.py")
-checks = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(checks)
+checks = load("preflight_checks", REPO / "roles" / "preflight" / "filter_plugins" / "preflight_checks.py")
 
 LOCK = REPO / "files" / "sglang" / "requirements.lock"
 # "<host>: <variable>: <what is wrong> Fix: <what to do>."

@@ -3,15 +3,12 @@ from the inventory and the roles' defaults, and the clashes it refuses before an
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
+from repo_module import load
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "preflight_checks", REPO / "roles" / "preflight" / "filter_plugins" / "preflight_checks.py")
-checks = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(checks)
+checks = load("preflight_checks", REPO / "roles" / "preflight" / "filter_plugins" / "preflight_checks.py")
 
 # "<host>: <variable>: <what is wrong> Fix: <what to do>."
 MESSAGE = re.compile(r"^[\w.-]+: [\w\[\]().' -]+: .+[.;)] Fix: .+\.$")

@@ -5,27 +5,21 @@ also a bad-input case in roles/preflight/molecule/default/cases.yml)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from repo_module import load
 
 REPO = Path(__file__).resolve().parents[2]
 sys.dont_write_bytecode = True
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-checks = _load("preflight_checks", REPO / "roles/preflight/filter_plugins/preflight_checks.py")
-release = _load("sglang_release", REPO / "roles/sglang_release/filter_plugins/sglang_release.py")
+checks = load("preflight_checks", REPO / "roles/preflight/filter_plugins/preflight_checks.py")
+release = load("sglang_release", REPO / "roles/sglang_release/filter_plugins/sglang_release.py")
 RECIPES = yaml.safe_load((REPO / "defaults/models.yml").read_text())["sglang_shipped_recipes"]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 MESSAGE = re.compile(r"^[\w.-]+: [\w\[\]().' -]+: .+[.;)] Fix: .+\.$")

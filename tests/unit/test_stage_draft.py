@@ -6,7 +6,6 @@ writes with the safetensors package."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,13 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
+from repo_module import load
 
 REPO = Path(__file__).resolve().parents[2]
 STAGE = REPO / "roles/sglang_release/files/stage_model.py"
 sys.dont_write_bytecode = True
-_spec = importlib.util.spec_from_file_location("stage_model", STAGE)
-stage = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(stage)
+stage = load("stage_model", STAGE)
 
 LAYER = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.o_proj.weight",
          "mlp.gate_proj.weight", "input_layernorm.weight", "hidden_norm.weight"]

@@ -3,17 +3,15 @@ way it gives up early or late, with the reason it prints."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from repo_module import load
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("wait_health", REPO / "roles/sglang_release/files/wait_health.py")
-wait_health = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(wait_health)
+wait_health = load("wait_health", REPO / "roles/sglang_release/files/wait_health.py")
 
 
 def run(monkeypatch, capsys, answers, states, timeout=30.0):
