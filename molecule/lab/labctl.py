@@ -25,6 +25,8 @@ keeps concurrent labs apart.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import errno
 import hashlib
 import json
 import os
@@ -324,13 +326,23 @@ def kill_lab_processes(hdir: Path) -> None:
         time.sleep(0.1)
 
 
+def remove_tree(path: Path) -> None:
+    """rm -rf: a host's root holds a few hundred thousand files (its releases' venvs and
+    the seeded package cache, hardlinks all), which rm unlinks about a third faster than
+    shutil.rmtree, and without the GIL when several hosts go at once."""
+    done = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0 or path.exists():
+        raise OSError(errno.ENOTEMPTY, done.stderr.strip() or "Directory not empty", str(path))
+
+
 def remove_host_dir(name: str, hdir: Path) -> None:
-    """rmtree, retried: a killed container's processes can still be finishing
+    """remove_tree, retried: a killed container's processes can still be finishing
     their last writes (a journal flush) into the root while it is removed,
     which fails with "Directory not empty"."""
     for attempt in range(RMTREE_TRIES):
         try:
-            shutil.rmtree(hdir)
+            remove_tree(hdir)
             return
         except OSError as exc:
             if attempt == RMTREE_TRIES - 1:
@@ -430,12 +442,14 @@ def main() -> int:
         if not args.name and not args.all:
             sys.exit("down: name a host or pass --all")
         names = all_hosts() if args.all else [args.name]
-        # Every host shuts down at once, within one shared deadline; then each is removed.
+        # Every host shuts down at once, within one shared deadline, and is removed
+        # beside the others.
         for name in names:
             begin_poweroff(name)
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        for name in names:
-            down(name, deadline)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+            for future in [pool.submit(down, name, deadline) for name in names]:
+                future.result()
         if args.all:
             shutil.rmtree(state_dir(), ignore_errors=True)
     elif args.command == "status":
