@@ -71,6 +71,19 @@ def proprietary_packages(packages):
     return [p for p in packages if PROPRIETARY_MODULE.fullmatch(p)]
 
 
+def package_problems(packages, distribution):
+    """(problem, fix) pairs for a driver package list: a proprietary module, or no open one."""
+    problems = [(f"{p} is the proprietary kernel module flavour, which does not drive Blackwell GPUs.",
+                 "use nvidia-kernel-open-dkms (Ubuntu: nvidia-dkms-<branch>-open) or nvidia-open.")
+                for p in proprietary_packages(packages)]
+    if not open_module_package(packages):
+        problems.append((f"names no open kernel module package "
+                         f"({', '.join(packages) or 'none for ' + (str(distribution) or 'an unknown distribution')}).",
+                         "include nvidia-kernel-open-dkms (Ubuntu: nvidia-dkms-<branch>-open) or nvidia-open, "
+                         "or name the distribution's packages in nvidia_driver_distribution_packages."))
+    return problems
+
+
 def upstream_version(version):
     """'580.95.05-1' -> '580.95.05' (epoch and Debian revision dropped)."""
     version = str(version or "")
@@ -91,5 +104,5 @@ class FilterModule:
             "nvidia_upstream_version": upstream_version,
             "nvidia_package_names": package_names,
             "nvidia_open_module_package": open_module_package,
-            "nvidia_proprietary_packages": proprietary_packages,
+            "nvidia_package_problems": package_problems,
         }

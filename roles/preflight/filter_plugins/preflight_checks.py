@@ -683,15 +683,8 @@ def gpu_host_errors(variables, host, search_dirs=()):
     packages = nvidia_apt().package_names(
         packages if isinstance(packages, list) else [], _get(variables, "nvidia_driver_distribution_packages"),
         distribution, branch)
-    for package in nvidia_apt().proprietary_packages(packages):
-        errors.append(_err(host, "nvidia_driver_packages", f"{package} is the proprietary kernel module "
-                           "flavour, which does not drive Blackwell GPUs.",
-                           "use nvidia-kernel-open-dkms (Ubuntu: nvidia-dkms-<branch>-open) or nvidia-open."))
-    if not nvidia_apt().open_module_package(packages):
-        errors.append(_err(host, "nvidia_driver_packages", "names no open kernel module package "
-                           f"({', '.join(packages) or 'none for ' + (distribution or 'an unknown distribution')}).",
-                           "include nvidia-kernel-open-dkms (Ubuntu: nvidia-dkms-<branch>-open) or nvidia-open, "
-                           "or name the distribution's packages in nvidia_driver_distribution_packages."))
+    errors += [_err(host, "nvidia_driver_packages", problem, fix)
+               for problem, fix in nvidia_apt().package_problems(packages, distribution)]
     url = _set(variables, "nvidia_driver_repo_url")
     if url is not None and not APT_URL.fullmatch(str(url).strip()):
         errors.append(_err(host, "nvidia_driver_repo_url", f"{str(url).strip()!r} is not an http, https or file "
