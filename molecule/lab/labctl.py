@@ -16,6 +16,11 @@ Commands (all print progress to stderr and a JSON result to stdout):
                                  (ansible_host is its address; lab_binds, lab_seeds optional)
   status                         list the lab's hosts
   check-clean                    exit 1 if any process, mount or directory of the lab remains
+  fence NAME...                  take hosts offline: their packets to any address outside
+                                 127.0.0.0/8 are dropped and counted (nftables, matched by a
+                                 net_cls cgroup the hosts' processes and their children share)
+  fence-report                   the dropped packets so far
+  exec-fenced CMD...             run CMD inside the fence (the controller of an offline site)
 
 State lives in $SM120_LAB_STATE (default <repo>/.lab/<lab id>), the rootfs cache in
 $SM120_LAB_CACHE (default <repo>/.cache/lab). The lab id ($SM120_LAB_ID, default "lab")
@@ -57,6 +62,9 @@ BOOT_TIMEOUT_S = 300  # generous: a loaded 2-core machine has taken over 120 s
 STOP_TIMEOUT_S = 10  # a lab host is thrown away: its clean poweroff is a courtesy
 KILL_ROUNDS = 50  # 0.1 s apart: what still runs in a host's root after its poweroff
 RMTREE_TRIES = 20  # 0.5 s apart, killing leftovers in between
+
+
+NET_CLS = Path("/sys/fs/cgroup/net_cls")
 
 
 def log(msg: str) -> None:
@@ -380,6 +388,70 @@ def down(name: str, deadline: float | None = None) -> None:
         log(f"{name}: removed ({time.monotonic() - started:.1f} s)")
 
 
+def fence_cgroup() -> Path:
+    return NET_CLS / f"sm120-lab-{lab_id()}"
+
+
+def fence_table() -> str:
+    return "sm120_lab_" + "".join(c if c.isalnum() else "_" for c in lab_id())
+
+
+def fence_classid() -> int:
+    """net_cls class id (major:minor) of this lab's fence, one per lab id."""
+    return (0x5E12 << 16) | int(hashlib.sha256(lab_id().encode()).hexdigest()[:4], 16)
+
+
+def fence(names: list[str]) -> dict:
+    """Drop and count every packet the hosts send outside the lab's loopback addresses.
+    The hosts share the controller's network namespace, so the rule tells them apart by
+    their net_cls cgroup, which every process they start inherits."""
+    if not any(line.split()[1] == str(NET_CLS) for line in Path("/proc/mounts").read_text().splitlines()):
+        NET_CLS.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "cgroup", "-o", "net_cls", "net_cls", str(NET_CLS)], check=True)
+    cgroup = fence_cgroup()
+    cgroup.mkdir(exist_ok=True)
+    (cgroup / "net_cls.classid").write_text(str(fence_classid()))
+    table, classid = fence_table(), fence_classid()
+    subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
+        f"table inet {table}\ndelete table inet {table}\n"
+        f"table inet {table} {{\n chain output {{\n  type filter hook output priority 0; policy accept;\n"
+        f"  meta cgroup {classid} ip daddr != 127.0.0.0/8 counter drop\n"
+        f"  meta cgroup {classid} ip6 daddr != ::1 counter drop\n }}\n}}\n"))
+    moved = 0
+    for name in names:
+        meta = read_json(host_dir(name) / "host.json")
+        if not alive(meta.get("pid", -1)):
+            sys.exit(f"fence: lab host {name} is not running")
+        for pid in [meta["pid"], *lab_processes(host_dir(name))]:
+            try:
+                (cgroup / "cgroup.procs").write_text(str(pid))
+                moved += 1
+            except ProcessLookupError:
+                pass  # it ended meanwhile
+    log(f"fenced {', '.join(names)} ({moved} processes): packets outside 127.0.0.0/8 dropped and counted")
+    return {"fenced": names, "table": table, "classid": classid}
+
+
+def fence_report() -> dict:
+    done = subprocess.run(["nft", "-j", "list", "table", "inet", fence_table()],
+                          capture_output=True, text=True, check=True)
+    packets = bytes_ = 0
+    for item in json.loads(done.stdout)["nftables"]:
+        for expr in item.get("rule", {}).get("expr", []):
+            if "counter" in expr:
+                packets += expr["counter"]["packets"]
+                bytes_ += expr["counter"]["bytes"]
+    return {"table": fence_table(), "dropped_packets": packets, "dropped_bytes": bytes_}
+
+
+def unfence() -> None:
+    subprocess.run(["nft", "delete", "table", "inet", fence_table()], capture_output=True, check=False)
+    try:
+        fence_cgroup().rmdir()
+    except OSError:
+        pass  # not there, or not mounted
+
+
 def all_hosts() -> list[str]:
     hosts = state_dir() / "hosts"
     return sorted(p.name for p in hosts.iterdir()) if hosts.exists() else []
@@ -428,6 +500,11 @@ def main() -> int:
     p.add_argument("inventory")
     sub.add_parser("status")
     sub.add_parser("check-clean")
+    p = sub.add_parser("fence")
+    p.add_argument("names", nargs="+")
+    sub.add_parser("fence-report")
+    p = sub.add_parser("exec-fenced")
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args()
 
     if os.geteuid() != 0:
@@ -451,6 +528,7 @@ def main() -> int:
             for future in [pool.submit(down, name, deadline) for name in names]:
                 future.result()
         if args.all:
+            unfence()
             shutil.rmtree(state_dir(), ignore_errors=True)
     elif args.command == "status":
         print(json.dumps([dict(read_json(host_dir(n) / "host.json"),
@@ -458,6 +536,16 @@ def main() -> int:
                           for n in all_hosts()]))
     elif args.command == "check-clean":
         return check_clean()
+    elif args.command == "fence":
+        print(json.dumps(fence(args.names)))
+    elif args.command == "fence-report":
+        print(json.dumps(fence_report()))
+    elif args.command == "exec-fenced":
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not cmd:
+            sys.exit("exec-fenced: name a command")
+        (fence_cgroup() / "cgroup.procs").write_text(str(os.getpid()))
+        os.execvp(cmd[0], cmd)
     return 0
 
 

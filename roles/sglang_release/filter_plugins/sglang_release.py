@@ -101,6 +101,7 @@ def engine_env(engine, recipe, host_env=None, runtime_dir="/run/sglang-engine"):
         "SGLANG_ENGINE_NAME": str(engine["name"]),
         "SGLANG_ENGINE_MODE": str(engine["mode"]),
         "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
     }
     for source in (recipe.get("env"), host_env, engine.get("env")):
         for key, value in (source or {}).items():

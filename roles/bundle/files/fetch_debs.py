@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Download the packages `apt-get install --print-uris` listed against the bundle's own
+Debian index (file: URIs into DEST) from the archive they came from, each checked
+against the sha256 of that signed index; a package already there and matching is kept.
+
+  fetch_debs.py URIS_FILE DEST MIRROR
+"""
+
+import hashlib
+import json
+import re
+import sys
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+LINE = re.compile(r"^'file:(?P<path>[^']+)' \S+ (?P<size>\d+) SHA256:(?P<sha256>[0-9a-f]{64})$")
+
+
+def digest(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def fetch(item: dict, dest: Path, mirror: str) -> bool:
+    target = Path(urllib.parse.unquote(item["path"]))
+    relative = target.relative_to(dest)
+    if target.is_file() and digest(target) == item["sha256"]:
+        return False
+    url = f"{mirror.rstrip('/')}/{urllib.parse.quote(relative.as_posix())}"
+    partial = target.with_name(target.name + ".partial")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    with urllib.request.urlopen(url, timeout=120) as response, partial.open("wb") as out:
+        while chunk := response.read(1 << 20):
+            out.write(chunk)
+    got = digest(partial)
+    if got != item["sha256"]:
+        partial.unlink()
+        raise RuntimeError(f"{url}: sha256 {got}, the signed index says {item['sha256']}")
+    partial.rename(target)
+    return True
+
+
+def main() -> int:
+    uris_file, dest, mirror = Path(sys.argv[1]), Path(sys.argv[2]).resolve(), sys.argv[3]
+    items = [m.groupdict() for m in map(LINE.match, uris_file.read_text().splitlines()) if m]
+    if not items:
+        sys.exit(f"{uris_file}: no package to fetch (apt-get --print-uris printed none)")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        fetched = list(pool.map(lambda item: fetch(item, dest, mirror), items))
+    print(json.dumps({"changed": any(fetched), "packages": len(items), "fetched": sum(fetched),
+                      "bytes": sum(int(i["size"]) for i in items)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

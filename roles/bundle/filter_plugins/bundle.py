@@ -1,0 +1,86 @@
+"""Filters of the bundle role: the lock's requirements for one target Python, and
+the roles' pinned package versions, a part's digest."""
+
+import hashlib
+import re
+from pathlib import Path
+
+import yaml
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+
+
+def lock_requirements(lock_text, python_version, machine="x86_64"):
+    """The lines of a universal `uv pip compile --generate-hashes` lock that apply to Linux
+    on `machine` with CPython `python_version` ("3.11"), markers resolved and hashes kept,
+    for `pip download --require-hashes` (pip resolves markers for the Python it runs on)."""
+    environment = default_environment()
+    environment.update({
+        "python_version": python_version,
+        "python_full_version": f"{python_version}.0",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "platform_machine": machine,
+    })
+    lines = []
+    # One requirement per entry: a line at column 0, its continuation lines below it.
+    for entry in re.split(r"\n(?=\S)", lock_text):
+        entry = "\n".join(line for line in entry.splitlines() if not line.lstrip().startswith("#"))
+        if not entry.strip():
+            continue
+        spec, *hashes = entry.replace("\\\n", " ").split("--hash=")
+        requirement = Requirement(spec.strip())
+        if requirement.marker is not None and not requirement.marker.evaluate(environment):
+            continue
+        requirement.marker = None
+        lines.append(" ".join([str(requirement)] + [f"--hash={h.strip()}" for h in hashes]))
+    if not lines:
+        raise ValueError("the lock names no requirement for this Python")
+    return lines
+
+
+def pinned_specs(pinned, release, variables, repo_dir):
+    """apt specs ("package=version") of {package: role}: the version the role's
+    `<role>_package_versions` pins for `release` ("Debian-12"), the inventory's value
+    where it sets one, else the role's default."""
+    specs = []
+    for package, role in pinned.items():
+        name = f"{role}_package_versions"
+        versions = (variables or {}).get(name)
+        if not isinstance(versions, dict):
+            defaults = yaml.safe_load((Path(repo_dir) / "roles" / role / "defaults" / "main.yml").read_text())
+            versions = defaults[name]
+        if release not in versions:
+            raise ValueError(f"{name} pins no version for {release}; the bundle needs one. "
+                             f"Fix: set {name}['{release}'], or build for another release (bundle_debian_release)")
+        specs.append(f"{package}={versions[release]}")
+    return specs
+
+
+def part_digest(manifest, part):
+    """sha256 of one part's manifest entries (path, size, sha256): it changes when any file
+    of the part does, and names the part's copy on a host."""
+    entries = [e for e in manifest["files"] if e["path"].split("/", 1)[0] == part]
+    if not entries:
+        raise ValueError(f"the bundle's manifest lists no file under {part}/")
+    text = "\n".join(f"{e['path']} {e['size']} {e['sha256']}" for e in entries)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def part_archives(manifest, work_dir):
+    """{part: path of its archive in work_dir}, named by the part's digest."""
+    parts = sorted(manifest["summary"]["parts"])
+    return {part: f"{work_dir}/{part}-{part_digest(manifest, part)}.tar" for part in parts}
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "bundle_lock_requirements": lock_requirements,
+            "bundle_pinned_specs": pinned_specs,
+            "bundle_part_digest": part_digest,
+            "bundle_part_archives": part_archives,
+        }
