@@ -154,7 +154,7 @@ def test_fetch_debs_downloads_checks_and_keeps(archive, tmp_path):
     (served / "pool" / "main" / "p" / "p_1+deb12u1_amd64.deb").write_bytes(b"package p")
     uris = tmp_path / "uris.txt"
     uris.write_text(_uris(dest, "p_1+deb12u1_amd64.deb", b"package p"))
-    run = [sys.executable, str(FETCH), str(uris), str(dest), url]
+    run = [sys.executable, str(FETCH), str(uris), f"{dest}={url}"]
     first = json.loads(subprocess.run(run, capture_output=True, text=True, check=True).stdout)
     assert first == {"changed": True, "packages": 1, "fetched": 1, "bytes": 9}
     assert (dest / "pool" / "main" / "p" / "p_1+deb12u1_amd64.deb").read_bytes() == b"package p"
@@ -168,6 +168,27 @@ def test_fetch_debs_refuses_a_package_unlike_the_index(archive, tmp_path):
     (served / "pool" / "main" / "p" / "q_1_amd64.deb").write_bytes(b"tampered")
     uris = tmp_path / "uris.txt"
     uris.write_text(_uris(dest, "q_1_amd64.deb", b"what the index says"))
-    done = subprocess.run([sys.executable, str(FETCH), str(uris), str(dest), url], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(FETCH), str(uris), f"{dest}={url}"], capture_output=True, text=True)
     assert done.returncode != 0 and "the signed index says" in done.stderr
     assert not list(dest.rglob("*.deb")) and not list(dest.rglob("*.partial"))
+
+
+def test_nvidia_packages_as_the_driver_and_cuda_roles_name_them():
+    assert bundle.nvidia_packages({}, str(REPO)) == [
+        "nvidia-kernel-open-dkms", "nvidia-driver-cuda", "nvidia-persistenced", "nvidia-driver-pinning-580",
+        "cuda-toolkit-13-0"]
+    ubuntu = bundle.nvidia_packages({"nvidia_driver_branch": "590", "cuda_toolkit_version": "13.1"}, str(REPO), "Ubuntu")
+    assert ubuntu == ["nvidia-dkms-open", "libnvidia-compute", "nvidia-utils", "nvidia-compute-utils",
+                      "nvidia-driver-pinning-590", "cuda-toolkit-13-1"]
+    chosen = {"nvidia_driver_packages": ["nvidia-open"], "nvidia_driver_pinning_package": ""}
+    assert bundle.nvidia_packages(chosen, str(REPO)) == ["nvidia-open", "cuda-toolkit-13-0"]
+
+
+def test_nvidia_pin_is_the_driver_roles_pin():
+    pin = bundle.nvidia_pin({}, str(REPO))
+    assert pin.splitlines() == ["Package: nvidia-* libnvidia-* libcuda1* firmware-nvidia-* libxnvctrl*",
+                                "Pin: version 580.*", "Pin-Priority: 1001"]
+    assert "Pin: version 580.95.05-*" in bundle.nvidia_pin({"nvidia_driver_version": "580.95.05"}, str(REPO))
+    # the same three fields as the role's template
+    template = (REPO / "roles" / "nvidia_driver" / "templates" / "nvidia-driver.pref.j2").read_text()
+    assert all(field in template for field in ("Package: ", "Pin: version ", "Pin-Priority: 1001"))

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Download the packages `apt-get install --print-uris` listed against the bundle's own
-Debian index (file: URIs into DEST) from the archive they came from, each checked
-against the sha256 of that signed index; a package already there and matching is kept.
+copies of signed indexes (file: URIs into a DIR of the bundle) from the archive each
+index came from (MIRROR), each checked against the sha256 of that signed index; a
+package already there and matching is kept.
 
-  fetch_debs.py URIS_FILE DEST MIRROR
+  fetch_debs.py URIS_FILE DIR=MIRROR [DIR=MIRROR ...]
 """
 
 import hashlib
@@ -23,8 +24,12 @@ def digest(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def fetch(item: dict, dest: Path, mirror: str) -> bool:
+def fetch(item: dict, sources: dict[Path, str]) -> bool:
     target = Path(urllib.parse.unquote(item["path"]))
+    dest = next((d for d in sources if target.is_relative_to(d)), None)
+    if dest is None:
+        raise RuntimeError(f"{target}: under none of {', '.join(map(str, sources))}")
+    mirror = sources[dest]
     relative = target.relative_to(dest)
     if target.is_file() and digest(target) == item["sha256"]:
         return False
@@ -43,12 +48,13 @@ def fetch(item: dict, dest: Path, mirror: str) -> bool:
 
 
 def main() -> int:
-    uris_file, dest, mirror = Path(sys.argv[1]), Path(sys.argv[2]).resolve(), sys.argv[3]
+    uris_file = Path(sys.argv[1])
+    sources = {Path(d).resolve(): m for d, _, m in (arg.partition("=") for arg in sys.argv[2:])}
     items = [m.groupdict() for m in map(LINE.match, uris_file.read_text().splitlines()) if m]
     if not items:
         sys.exit(f"{uris_file}: no package to fetch (apt-get --print-uris printed none)")
     with ThreadPoolExecutor(max_workers=8) as pool:
-        fetched = list(pool.map(lambda item: fetch(item, dest, mirror), items))
+        fetched = list(pool.map(lambda item: fetch(item, sources), items))
     print(json.dumps({"changed": any(fetched), "packages": len(items), "fetched": sum(fetched),
                       "bytes": sum(int(i["size"]) for i in items)}))
     return 0

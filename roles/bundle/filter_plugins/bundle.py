@@ -2,6 +2,7 @@
 the roles' pinned package versions, a part's digest."""
 
 import hashlib
+import importlib.util
 import re
 from pathlib import Path
 
@@ -76,6 +77,50 @@ def part_archives(manifest, work_dir):
     return {part: f"{work_dir}/{part}-{part_digest(manifest, part)}.tar" for part in parts}
 
 
+def _nvidia_apt(repo_dir):
+    """nvidia_driver's own package-name helpers (filter_plugins/nvidia_apt.py), not a copy."""
+    spec = importlib.util.spec_from_file_location(
+        "sm120_nvidia_apt", Path(repo_dir) / "roles" / "nvidia_driver" / "filter_plugins" / "nvidia_apt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _default(repo_dir, role, name):
+    return yaml.safe_load((Path(repo_dir) / "roles" / role / "defaults" / "main.yml").read_text())[name]
+
+
+def nvidia_packages(variables, repo_dir, distribution="Debian"):
+    """What site.yml installs from NVIDIA's repository on a GPU host, as nvidia_driver and
+    cuda_toolkit name it (the inventory's values where it sets them, else the roles'
+    defaults): the driver packages, the branch's pinning package, the CUDA toolkit."""
+    variables = variables or {}
+
+    def get(role, name):
+        return variables[name] if name in variables else _default(repo_dir, role, name)
+
+    branch = str(get("nvidia_driver", "nvidia_driver_branch"))
+    packages = _nvidia_apt(repo_dir).package_names(
+        get("nvidia_driver", "nvidia_driver_packages"), get("nvidia_driver", "nvidia_driver_distribution_packages"),
+        distribution, branch)
+    pinning = variables.get("nvidia_driver_pinning_package", f"nvidia-driver-pinning-{branch}")
+    cuda = variables.get("cuda_toolkit_package") or "cuda-toolkit-" + str(
+        get("cuda_toolkit", "cuda_toolkit_version")).replace(".", "-")
+    return packages + ([pinning] if pinning else []) + [cuda]
+
+
+def nvidia_pin(variables, repo_dir):
+    """nvidia_driver's apt pin (its template's three fields) for the resolver."""
+    variables = variables or {}
+
+    def get(name):
+        return variables[name] if name in variables else _default(repo_dir, "nvidia_driver", name)
+
+    version, branch = str(get("nvidia_driver_version") or ""), str(get("nvidia_driver_branch"))
+    return (f"Package: {' '.join(get('nvidia_driver_held_packages'))}\n"
+            f"Pin: version {version + '-*' if version else branch + '.*'}\nPin-Priority: 1001\n")
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -83,4 +128,6 @@ class FilterModule:
             "bundle_pinned_specs": pinned_specs,
             "bundle_part_digest": part_digest,
             "bundle_part_archives": part_archives,
+            "bundle_nvidia_packages": nvidia_packages,
+            "bundle_nvidia_pin": nvidia_pin,
         }
