@@ -143,32 +143,28 @@ def archive(tmp_path):
     server.shutdown()
 
 
-def _uris(dest: Path, name: str, content: bytes) -> str:
-    digest = hashlib.sha256(content).hexdigest()
-    return f"'file:{dest}/pool/main/p/{name.replace('+', '%2b')}' {name} {len(content)} SHA256:{digest}\n"
+def _fetch(archive, tmp_path, served_bytes: bytes, indexed_bytes: bytes, name: str):
+    """Serve name with served_bytes, list it with indexed_bytes' sha256, run fetch_debs.py."""
+    served, url = archive
+    dest = tmp_path / "bundle" / "debian"
+    (served / "pool" / "main" / "p" / name).write_bytes(served_bytes)
+    digest = hashlib.sha256(indexed_bytes).hexdigest()
+    uris = tmp_path / "uris.txt"
+    uris.write_text(f"'file:{dest}/pool/main/p/{name.replace('+', '%2b')}' {name} {len(indexed_bytes)} SHA256:{digest}\n")
+    run = [sys.executable, str(FETCH), str(uris), f"{dest}={url}"]
+    return dest, run, subprocess.run(run, capture_output=True, text=True)
 
 
 def test_fetch_debs_downloads_checks_and_keeps(archive, tmp_path):
-    served, url = archive
-    dest = tmp_path / "bundle" / "debian"
-    (served / "pool" / "main" / "p" / "p_1+deb12u1_amd64.deb").write_bytes(b"package p")
-    uris = tmp_path / "uris.txt"
-    uris.write_text(_uris(dest, "p_1+deb12u1_amd64.deb", b"package p"))
-    run = [sys.executable, str(FETCH), str(uris), f"{dest}={url}"]
-    first = json.loads(subprocess.run(run, capture_output=True, text=True, check=True).stdout)
-    assert first == {"changed": True, "packages": 1, "fetched": 1, "bytes": 9}
+    dest, run, first = _fetch(archive, tmp_path, b"package p", b"package p", "p_1+deb12u1_amd64.deb")
+    assert json.loads(first.stdout) == {"changed": True, "packages": 1, "fetched": 1, "bytes": 9}
     assert (dest / "pool" / "main" / "p" / "p_1+deb12u1_amd64.deb").read_bytes() == b"package p"
     again = json.loads(subprocess.run(run, capture_output=True, text=True, check=True).stdout)
     assert again["changed"] is False and again["fetched"] == 0
 
 
 def test_fetch_debs_refuses_a_package_unlike_the_index(archive, tmp_path):
-    served, url = archive
-    dest = tmp_path / "bundle" / "debian"
-    (served / "pool" / "main" / "p" / "q_1_amd64.deb").write_bytes(b"tampered")
-    uris = tmp_path / "uris.txt"
-    uris.write_text(_uris(dest, "q_1_amd64.deb", b"what the index says"))
-    done = subprocess.run([sys.executable, str(FETCH), str(uris), f"{dest}={url}"], capture_output=True, text=True)
+    dest, _, done = _fetch(archive, tmp_path, b"tampered", b"what the index says", "q_1_amd64.deb")
     assert done.returncode != 0 and "the signed index says" in done.stderr
     assert not list(dest.rglob("*.deb")) and not list(dest.rglob("*.partial"))
 
