@@ -16,10 +16,11 @@ Commands (all print progress to stderr and a JSON result to stdout):
                                  (ansible_host is its address; lab_binds, lab_seeds optional)
   status                         list the lab's hosts
   check-clean                    exit 1 if any process, mount or directory of the lab remains
-  fence NAME...                  take hosts offline: their packets to any address outside
-                                 127.0.0.0/8 are dropped and counted (nftables, matched by a
-                                 net_cls cgroup the hosts' processes and their children share)
-  fence-report                   the dropped packets so far
+  up ... --fenced                boot the host inside the lab's fence cgroup (see fence)
+  fence NAME...                  take fenced hosts offline: their packets to any address
+                                 outside 127.0.0.0/8 are rejected and counted (nftables,
+                                 matched by the net_cls cgroup they booted in)
+  fence-report                   the rejected packets so far
   exec-fenced CMD...             run CMD inside the fence (the controller of an offline site)
 
 State lives in $SM120_LAB_STATE (default <repo>/.lab/<lab id>), the rootfs cache in
@@ -200,7 +201,7 @@ def wait_tcp(address: str, port: int, deadline: float) -> bool:
     return False
 
 
-def up(name: str, release: str, address: str, binds: list[str], seeds: list[str] = ()) -> dict:
+def up(name: str, release: str, address: str, binds: list[str], seeds: list[str] = (), fenced: bool = False) -> dict:
     meta_path = host_dir(name) / "host.json"
     meta = read_json(meta_path)
     if meta and alive(meta.get("pid", -1)):
@@ -245,12 +246,14 @@ def up(name: str, release: str, address: str, binds: list[str], seeds: list[str]
         host_path = str(REPO / host_path) if not os.path.isabs(host_path) else host_path
         Path(host_path).mkdir(parents=True, exist_ok=True)
         cmd.append(f"--bind={host_path}:{container_path}")
-    log(f"{name}: booting at {address}")
+    procs = fence_cgroup_setup() / "cgroup.procs" if fenced else None
+    log(f"{name}: booting at {address}" + (" inside the lab's fence (no route out)" if fenced else ""))
     with open(hdir / "console.log", "wb") as console:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console, stderr=console,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if procs else None)
     meta = {"name": name, "release": release, "version": RELEASES[release], "address": address,
-            "pid": proc.pid, "rootfs": str(root), "lab_id": lab_id()}
+            "pid": proc.pid, "rootfs": str(root), "lab_id": lab_id(), "fenced": fenced}
     meta_path.write_text(json.dumps(meta))
     deadline = time.monotonic() + BOOT_TIMEOUT_S
     leader = None
@@ -401,34 +404,39 @@ def fence_classid() -> int:
     return (0x5E12 << 16) | int(hashlib.sha256(lab_id().encode()).hexdigest()[:4], 16)
 
 
-def fence(names: list[str]) -> dict:
-    """Drop and count every packet the hosts send outside the lab's loopback addresses.
-    The hosts share the controller's network namespace, so the rule tells them apart by
-    their net_cls cgroup, which every process they start inherits."""
+def fence_cgroup_setup() -> Path:
+    """The lab's net_cls cgroup, with the lab's class id. A host booted in it (up --fenced)
+    has it as its cgroup namespace's root: whatever its systemd starts, wherever it puts
+    it, stays below and keeps the class id (a host moved in later would not: its systemd
+    moves the processes it starts to its own root)."""
     if not any(line.split()[1] == str(NET_CLS) for line in Path("/proc/mounts").read_text().splitlines()):
         NET_CLS.mkdir(parents=True, exist_ok=True)
         subprocess.run(["mount", "-t", "cgroup", "-o", "net_cls", "net_cls", str(NET_CLS)], check=True)
     cgroup = fence_cgroup()
     cgroup.mkdir(exist_ok=True)
     (cgroup / "net_cls.classid").write_text(str(fence_classid()))
-    table, classid = fence_table(), fence_classid()
-    subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
-        f"table inet {table}\ndelete table inet {table}\n"
-        f"table inet {table} {{\n chain output {{\n  type filter hook output priority 0; policy accept;\n"
-        f"  meta cgroup {classid} ip daddr != 127.0.0.0/8 counter drop\n"
-        f"  meta cgroup {classid} ip6 daddr != ::1 counter drop\n }}\n}}\n"))
-    moved = 0
+    return cgroup
+
+
+def fence(names: list[str]) -> dict:
+    """Take the fenced hosts offline: from now on every packet of the lab's class (the
+    hosts booted with up --fenced, and commands run with exec-fenced) to an address
+    outside 127.0.0.0/8 is rejected and counted. The hosts share the controller's
+    network namespace, so the rule tells them apart by their cgroup."""
     for name in names:
         meta = read_json(host_dir(name) / "host.json")
         if not alive(meta.get("pid", -1)):
             sys.exit(f"fence: lab host {name} is not running")
-        for pid in [meta["pid"], *lab_processes(host_dir(name))]:
-            try:
-                (cgroup / "cgroup.procs").write_text(str(pid))
-                moved += 1
-            except ProcessLookupError:
-                pass  # it ended meanwhile
-    log(f"fenced {', '.join(names)} ({moved} processes): packets outside 127.0.0.0/8 dropped and counted")
+        if not meta.get("fenced"):
+            sys.exit(f"fence: lab host {name} was not booted inside the fence; boot it with up --fenced")
+    fence_cgroup_setup()
+    table, classid = fence_table(), fence_classid()
+    if subprocess.run(["nft", "list", "table", "inet", table], capture_output=True).returncode != 0:
+        subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
+            f"table inet {table} {{\n chain output {{\n  type filter hook output priority 0; policy accept;\n"
+            f"  meta cgroup {classid} ip daddr != 127.0.0.0/8 counter reject with icmpx type admin-prohibited\n"
+            f"  meta cgroup {classid} ip6 daddr != ::1 counter reject with icmpx type admin-prohibited\n }}\n}}\n"))
+    log(f"fenced {', '.join(names)}: their packets outside 127.0.0.0/8 are rejected and counted")
     return {"fenced": names, "table": table, "classid": classid}
 
 
@@ -441,15 +449,17 @@ def fence_report() -> dict:
             if "counter" in expr:
                 packets += expr["counter"]["packets"]
                 bytes_ += expr["counter"]["bytes"]
-    return {"table": fence_table(), "dropped_packets": packets, "dropped_bytes": bytes_}
+    return {"table": fence_table(), "rejected_packets": packets, "rejected_bytes": bytes_}
 
 
 def unfence() -> None:
+    """Remove the fence's table and its cgroup, with the cgroups its hosts' systemd made in it."""
     subprocess.run(["nft", "delete", "table", "inet", fence_table()], capture_output=True, check=False)
-    try:
-        fence_cgroup().rmdir()
-    except OSError:
-        pass  # not there, or not mounted
+    cgroup = fence_cgroup()
+    if cgroup.is_dir():
+        for path in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            path.rmdir()
+        cgroup.rmdir()
 
 
 def all_hosts() -> list[str]:
@@ -493,6 +503,7 @@ def main() -> int:
     p.add_argument("--address", required=True)
     p.add_argument("--bind", action="append", default=[])
     p.add_argument("--seed", action="append", default=[])
+    p.add_argument("--fenced", action="store_true", help="boot inside the lab's fence cgroup (see fence)")
     p = sub.add_parser("down")
     p.add_argument("name", nargs="?")
     p.add_argument("--all", action="store_true")
@@ -512,7 +523,7 @@ def main() -> int:
     if args.command == "rootfs":
         print(json.dumps({"rootfs": str(build_rootfs(args.release))}))
     elif args.command == "up":
-        print(json.dumps(up(args.name, args.release, args.address, args.bind, args.seed)))
+        print(json.dumps(up(args.name, args.release, args.address, args.bind, args.seed, args.fenced)))
     elif args.command == "up-inventory":
         print(json.dumps(up_inventory(args.inventory)))
     elif args.command == "down":
@@ -544,7 +555,7 @@ def main() -> int:
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         if not cmd:
             sys.exit("exec-fenced: name a command")
-        (fence_cgroup() / "cgroup.procs").write_text(str(os.getpid()))
+        (fence_cgroup_setup() / "cgroup.procs").write_text(str(os.getpid()))
         os.execvp(cmd[0], cmd)
     return 0
 
