@@ -7,7 +7,6 @@ package already there and matching is kept.
   fetch_debs.py URIS_FILE DIR=MIRROR [DIR=MIRROR ...]
 """
 
-import hashlib
 import json
 import re
 import sys
@@ -16,12 +15,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bundle_manifest import sha256 as digest  # the manifest's own hash, beside this script
+
 LINE = re.compile(r"^'file:(?P<path>[^']+)' \S+ (?P<size>\d+) SHA256:(?P<sha256>[0-9a-f]{64})$")
-
-
-def digest(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def fetch(item: dict, sources: dict[Path, str]) -> bool:
