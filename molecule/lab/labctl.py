@@ -15,7 +15,7 @@ Commands (all print progress to stderr and a JSON result to stdout):
   up-inventory FILE              boot every host of an inventory that sets lab_release
                                  (ansible_host is its address; lab_binds, lab_seeds optional)
   status                         list the lab's hosts
-  check-clean                    exit 1 if any process, mount or directory of the lab remains
+  check-clean                    exit 1 if any process, mount, directory or fence of the lab remains
   up ... --fenced                boot the host inside the lab's fence cgroup (see fence)
   fence NAME...                  take fenced hosts offline: their packets to any address
                                  outside 127.0.0.0/8 are rejected and counted (nftables,
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -87,10 +88,12 @@ def cache_dir() -> Path:
 def ssh_key() -> Path:
     """One key pair for the lab's SSH connections, made on first use."""
     key = cache_dir() / "ssh" / "id_ed25519"
-    if not key.exists():
-        key.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sm120-serve-lab",
-                        "-f", str(key)], check=True)
+    key.parent.mkdir(parents=True, exist_ok=True)
+    with open(key.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # hosts boot side by side: one of them makes the pair
+        if not key.exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sm120-serve-lab",
+                            "-f", str(key)], check=True)
     return key
 
 
@@ -409,9 +412,15 @@ def fence_cgroup_setup() -> Path:
     has it as its cgroup namespace's root: whatever its systemd starts, wherever it puts
     it, stays below and keeps the class id (a host moved in later would not: its systemd
     moves the processes it starts to its own root)."""
-    if not any(line.split()[1] == str(NET_CLS) for line in Path("/proc/mounts").read_text().splitlines()):
+    def mounted() -> bool:
+        return any(line.split()[1] == str(NET_CLS) for line in Path("/proc/mounts").read_text().splitlines())
+
+    if not mounted():
         NET_CLS.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mount", "-t", "cgroup", "-o", "net_cls", "net_cls", str(NET_CLS)], check=True)
+        done = subprocess.run(["mount", "-t", "cgroup", "-o", "net_cls", "net_cls", str(NET_CLS)],
+                              capture_output=True, text=True)
+        if done.returncode != 0 and not mounted():  # not a host booting beside this one
+            sys.exit(f"fence: mounting the net_cls cgroup hierarchy failed: {done.stderr.strip()}")
     cgroup = fence_cgroup()
     cgroup.mkdir(exist_ok=True)
     (cgroup / "net_cls.classid").write_text(str(fence_classid()))
@@ -462,6 +471,13 @@ def unfence() -> None:
         cgroup.rmdir()
 
 
+def fence_leftovers() -> list[str]:
+    """The fence's nftables table and cgroup, where either remains."""
+    table = shutil.which("nft") and subprocess.run(["nft", "list", "table", "inet", fence_table()], capture_output=True)
+    return ([f"nft table inet {fence_table()}"] if table and table.returncode == 0 else []) + \
+        ([str(fence_cgroup())] if fence_cgroup().is_dir() else [])
+
+
 def all_hosts() -> list[str]:
     hosts = state_dir() / "hosts"
     return sorted(p.name for p in hosts.iterdir()) if hosts.exists() else []
@@ -470,7 +486,7 @@ def all_hosts() -> list[str]:
 def check_clean() -> int:
     prefix = state_dir()
     leftovers = {"processes": lab_processes(prefix), "mounts": lab_mounts(prefix),
-                 "hosts": all_hosts()}
+                 "hosts": all_hosts(), "fence": fence_leftovers()}
     print(json.dumps(leftovers))
     return 1 if any(leftovers.values()) else 0
 

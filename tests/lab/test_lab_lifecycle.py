@@ -85,6 +85,6 @@ def test_destroy_after_failed_converge_leaves_nothing():
     assert "Check that nothing of the lab remains" in output
     leftovers = labctl("check-clean", lab_id="pytest-failing-converge", check=False)
     assert leftovers.returncode == 0, leftovers.stdout
-    assert json.loads(leftovers.stdout) == {"processes": [], "mounts": [], "hosts": []}
+    assert json.loads(leftovers.stdout) == {"processes": [], "mounts": [], "hosts": [], "fence": []}
     nspawn = subprocess.run(["pgrep", "-f", "systemd-nspawn.*lifecycle-debian"], capture_output=True, text=True)
     assert nspawn.stdout == "", f"nspawn processes left: {nspawn.stdout}"
