@@ -63,6 +63,15 @@ def test_the_shipped_lock_gives_every_requirement_a_hash():
     assert all("--hash=sha256:" in line and ";" not in line for line in lines)
 
 
+def test_the_shards_of_the_shipped_lock_hold_every_requirement_once():
+    lines = bundle.lock_requirements((REPO / "files" / "sglang" / "requirements.lock").read_text(), "3.11")
+    shards = [bundle.shard(lines, index, 4) for index in range(4)]
+    assert sorted(line for part in shards for line in part) == sorted(lines)
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    # the CUDA wheels (most of the bytes) are spread over the shards, not in one
+    assert all(any(line.startswith("nvidia-") for line in part) for part in shards)
+
+
 def test_pinned_specs_follow_the_roles_defaults_and_the_inventory():
     pinned = {"prometheus": "prometheus", "prometheus-node-exporter": "node_exporter"}
     defaults = yaml.safe_load((REPO / "roles" / "prometheus" / "defaults" / "main.yml").read_text())

@@ -77,6 +77,11 @@ def part_archives(manifest, work_dir):
     return {part: f"{work_dir}/{part}-{part_digest(manifest, part)}.tar" for part in parts}
 
 
+def shard(items, index, count):
+    """Every count-th item from index on: count shards of about equal length and size mix."""
+    return list(items)[int(index)::int(count)]
+
+
 def _nvidia_apt(repo_dir):
     """nvidia_driver's own package-name helpers (filter_plugins/nvidia_apt.py), not a copy."""
     spec = importlib.util.spec_from_file_location(
@@ -125,6 +130,7 @@ class FilterModule:
     def filters(self):
         return {
             "bundle_lock_requirements": lock_requirements,
+            "bundle_shard": shard,
             "bundle_pinned_specs": pinned_specs,
             "bundle_part_digest": part_digest,
             "bundle_part_archives": part_archives,
