@@ -171,7 +171,7 @@ test-lab: setup
 # the set in about two thirds of the serial time on a 2-core runner. Longest first, so the
 # lanes end together; each scenario's log is printed whole when it ends (make -O).
 ROLE_JOBS  ?= 2
-ROLE_ORDER := sglang_release tarball_service preflight nvidia_driver prometheus cuda_toolkit alertmanager gpu_exporter grafana node_exporter
+ROLE_ORDER := sglang_release preflight tarball_service nvidia_driver alertmanager prometheus gpu_exporter cuda_toolkit node_exporter grafana
 ROLE_NAMES  = $(filter $(notdir $(ROLE_DIRS)),$(ROLE_ORDER)) $(filter-out $(ROLE_ORDER),$(notdir $(ROLE_DIRS)))
 
 test-roles: setup prometheus-bin monitoring-bin
