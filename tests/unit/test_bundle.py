@@ -178,6 +178,38 @@ def test_fetch_debs_refuses_a_package_unlike_the_index(archive, tmp_path):
     assert not list(dest.rglob("*.deb")) and not list(dest.rglob("*.partial"))
 
 
+class _FailsFirst(SimpleHTTPRequestHandler):
+    """Answers 503 to the first request for each path, as an overloaded mirror does."""
+    seen: set = set()
+
+    def do_GET(self):
+        if self.path not in self.seen:
+            self.seen.add(self.path)
+            self.send_error(503)
+            return
+        super().do_GET()
+
+
+def test_fetch_debs_tries_a_server_error_again_and_not_a_missing_package(tmp_path):
+    served = tmp_path / "archive"
+    (served / "pool" / "main" / "p").mkdir(parents=True)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_FailsFirst, directory=str(served)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        dest, _, done = _fetch((served, url), tmp_path, b"package r", b"package r", "r_1_amd64.deb")
+        assert done.returncode == 0, done.stderr
+        assert (dest / "pool" / "main" / "p" / "r_1_amd64.deb").read_bytes() == b"package r"
+        missing = tmp_path / "missing.txt"
+        missing.write_text(f"'file:{dest}/pool/main/p/gone_1_amd64.deb' gone_1_amd64.deb 1 SHA256:{'0' * 64}\n")
+        _FailsFirst.seen.add("/pool/main/p/gone_1_amd64.deb")  # no 503 first: straight to the 404
+        gone = subprocess.run([sys.executable, str(FETCH), str(missing), f"{dest}={url}"],
+                              capture_output=True, text=True)
+        assert gone.returncode != 0 and "404" in gone.stderr and "attempt 1 of 5" in gone.stderr
+    finally:
+        server.shutdown()
+
+
 def test_nvidia_packages_as_the_driver_and_cuda_roles_name_them():
     assert bundle.nvidia_packages({}, str(REPO)) == [
         "nvidia-kernel-open-dkms", "nvidia-driver-cuda", "nvidia-persistenced", "nvidia-driver-pinning-580",

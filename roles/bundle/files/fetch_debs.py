@@ -2,7 +2,8 @@
 """Download the packages `apt-get install --print-uris` listed against the bundle's own
 copies of signed indexes (file: URIs into a DIR of the bundle) from the archive each
 index came from (MIRROR), each checked against the sha256 of that signed index; a
-package already there and matching is kept.
+package already there and matching is kept. A failed connection, timeout or server error
+is tried again (ATTEMPTS in all, waiting longer each time), as apt's Acquire::Retries does.
 
   fetch_debs.py URIS_FILE DIR=MIRROR [DIR=MIRROR ...]
 """
@@ -10,6 +11,8 @@ package already there and matching is kept.
 import json
 import re
 import sys
+import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +20,28 @@ from pathlib import Path
 
 from bundle_manifest import sha256 as digest  # the manifest's own hash, beside this script
 
+ATTEMPTS = 5
 LINE = re.compile(r"^'file:(?P<path>[^']+)' \S+ (?P<size>\d+) SHA256:(?P<sha256>[0-9a-f]{64})$")
+
+
+def transient(error: OSError) -> bool:
+    """A name lookup, connection or timeout failure, or a server error: worth another try."""
+    if isinstance(error, urllib.error.HTTPError):
+        return error.code >= 500
+    return True
+
+
+def download(url: str, dest: Path) -> None:
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            with urllib.request.urlopen(url, timeout=120) as response, dest.open("wb") as out:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+            return
+        except OSError as error:  # URLError, HTTPError, socket errors and timeouts
+            if attempt == ATTEMPTS or not transient(error):
+                raise RuntimeError(f"{url}: {error} (attempt {attempt} of {ATTEMPTS})") from error
+            time.sleep(2 ** attempt)
 
 
 def fetch(item: dict, sources: dict[Path, str]) -> bool:
@@ -32,9 +56,7 @@ def fetch(item: dict, sources: dict[Path, str]) -> bool:
     url = f"{mirror.rstrip('/')}/{urllib.parse.quote(relative.as_posix())}"
     partial = target.with_name(target.name + ".partial")
     partial.parent.mkdir(parents=True, exist_ok=True)
-    with urllib.request.urlopen(url, timeout=120) as response, partial.open("wb") as out:
-        while chunk := response.read(1 << 20):
-            out.write(chunk)
+    download(url, partial)
     got = digest(partial)
     if got != item["sha256"]:
         partial.unlink()
