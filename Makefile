@@ -44,7 +44,7 @@ molecule_test = start=$$(date +%s); printf '\n\033[1m==> molecule test %s in %s\
   || { echo "==> $(3) FAILED after $$(( $$(date +%s) - start )) s"; exit 1; }
 
 .PHONY: help setup apt venv sglang-venv rootfs lab lab-destroy lint test test-static \
-        test-unit test-kernels test-kernels-compiler test-kernels-interpreter test-monitoring test-recipes test-lab test-roles test-site test-scenario clean prometheus-bin \
+        test-unit test-background test-kernels test-kernels-compiler test-kernels-interpreter test-monitoring test-recipes test-lab test-roles test-site test-scenario clean prometheus-bin \
         monitoring-bin
 
 help:
@@ -121,18 +121,23 @@ test-kernels: sglang-venv
 	$(call step,kernels on CPU: Triton interpreter; sm_120 cross-compile; SGLang plugin)
 	@bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python
 
-# `make test` runs the two tiers apart: the interpreter tier at the lowest CPU priority
-# beside the Molecule scenarios (see test below). With the kernel's autogroups every session
-# gets an equal share of the CPU whatever its processes' nice values (each SSH login to a lab
-# host is a session), so the tier gets a session of its own, and that session nice 19.
+# With the kernel's autogroups every session gets an equal share of the CPU whatever its
+# processes' nice values (each SSH login to a lab host is a session), so `make test` runs
+# the checks beside the Molecule lanes in a session of their own, and that session nice 19.
 test-kernels-compiler: sglang-venv
 	$(call step,kernels on CPU: sm_120 cross-compile; SGLang plugin; packaging)
 	@bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python compiler
 
 test-kernels-interpreter: sglang-venv
-	$(call step,kernels on CPU: Triton interpreter against the torch references (nice 19))
-	@setsid --wait bash -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null; \
-	  exec nice -n 19 bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python interpreter'
+	$(call step,kernels on CPU: Triton interpreter against the torch references)
+	@bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python interpreter
+
+# The checks `make test` runs beside the Molecule lanes (in its nice 19 session): every
+# one of them, whatever fails, so the log names each failure; the interpreter tier last.
+test-background: sglang-venv prometheus-bin
+	@failed=; for t in test-static test-unit test-kernels-compiler test-monitoring test-recipes test-kernels-interpreter; do \
+	  $(MAKE) --no-print-directory $$t || failed="$$failed $$t"; done; \
+	  if [ -n "$$failed" ]; then echo "==> checks FAILED:$$failed"; exit 1; fi
 
 test-recipes: sglang-venv
 	$(call step,recipes: every shipped layout through SGLang's parser and resolution, against the models' config.json)
@@ -194,24 +199,24 @@ molecule-site/%:
 	@$(call molecule_test,.,-s $*,molecule/$*)
 
 # CI runs on 2 cores, and what bounds it is CPU time, so `make test` keeps both busy:
-# - the static checks, the kernels' compiler tier and the monitoring tests run while the
-#   root filesystems download and unpack (debootstrap mostly waits on the network and the
-#   disk), and then while the lab lifecycle test boots and removes its hosts;
+# - first what the lanes need (the venvs, the root filesystems, the monitoring binaries)
+#   and the lab lifecycle test, which boots and removes its own hosts;
 # - then two lanes, longest scenario first: the examples scenario in one, the multi-node
 #   examples scenario and then the role scenarios in the other; the lane that ends first
 #   takes the roles left. A third lane does not pay: beside two others a scenario takes
 #   nearly twice as long. But two lanes leave CPU idle while they wait on health gates,
-#   restarts and timeouts: the kernels' interpreter tier (pure CPU) runs beside them at
-#   nice 19 and takes only that idle time.
+#   restarts and timeouts: the checks that need no lab host (static, unit, recipes,
+#   monitoring, both kernel tiers) run beside them in a session of their own at nice 19
+#   (test-background) and take only that idle time.
 MOLECULE_JOBS ?= 2
 test:
-	@$(MAKE) --no-print-directory -j6 --output-sync=target test-static test-unit test-kernels-compiler \
-	  test-monitoring test-recipes test-lab monitoring-bin
-	@$(MAKE) --no-print-directory test-kernels-interpreter > .cache/kernels-interpreter.log 2>&1 & kernels=$$!; \
+	@$(MAKE) --no-print-directory -j4 --output-sync=target setup sglang-venv prometheus-bin monitoring-bin test-lab
+	@setsid --wait bash -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null; \
+	  exec nice -n 19 $(MAKE) --no-print-directory test-background' > .cache/background.log 2>&1 & background=$$!; \
 	  lanes=0; $(MAKE) --no-print-directory -j$(MOLECULE_JOBS) --output-sync=target \
 	    $(addprefix molecule-site/,$(SITE_RUN)) $(addprefix molecule-role/,$(ROLE_NAMES)) || lanes=$$?; \
-	  interpreter=0; wait $$kernels || interpreter=$$?; cat .cache/kernels-interpreter.log; \
-	  [ $$lanes -eq 0 ] && [ $$interpreter -eq 0 ]
+	  checks=0; wait $$background || checks=$$?; cat .cache/background.log; \
+	  [ $$lanes -eq 0 ] && [ $$checks -eq 0 ]
 	$(call step,all tests passed)
 
 clean: lab-destroy

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -139,6 +140,31 @@ def test_manifest_check_finds_every_difference(tmp_path):
     empty.mkdir()
     problems = manifest.check(empty)
     assert "offline_bundle_dir names no bundle" in problems[0] and "bundle.yml" in problems[0]
+
+
+def test_manifest_check_hashes_again_only_what_changed_since_a_passed_check(tmp_path, monkeypatch):
+    _tree(tmp_path)
+    manifest.write(tmp_path, {})
+    known = tmp_path.parent / f"{tmp_path.name}-known.json"
+    monkeypatch.setattr(manifest, "SETTLE_S", -60)  # the tree was written just now
+    assert manifest.check(tmp_path, known) == []
+    hashed = []
+    real_sha256 = manifest.sha256
+    monkeypatch.setattr(manifest, "sha256", lambda path: hashed.append(path.name) or real_sha256(path))
+    assert manifest.check(tmp_path, known) == [] and hashed == []
+    # same size, mtime set back: the ctime still tells
+    wheel = tmp_path / "wheels" / "a-1.0-py3-none-any.whl"
+    before = wheel.stat()
+    time.sleep(0.05)  # past the clock's granularity: the test waives SETTLE_S
+    wheel.write_bytes(b"wheel B")
+    os.utime(wheel, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert manifest.check(tmp_path, known) == ["wheels/a-1.0-py3-none-any.whl: size or sha256 differs from the manifest"]
+    assert hashed == ["a-1.0-py3-none-any.whl"]
+    # files written within SETTLE_S of the check are not recorded
+    monkeypatch.setattr(manifest, "SETTLE_S", 2)
+    wheel.write_bytes(b"wheel a")
+    assert manifest.check(tmp_path, known) == []
+    assert "wheels/a-1.0-py3-none-any.whl" not in json.loads(known.read_text())
 
 
 @pytest.fixture()
