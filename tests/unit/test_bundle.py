@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -255,3 +256,43 @@ def test_nvidia_pin_is_the_driver_roles_pin():
     # the same three fields as the role's template
     template = (REPO / "roles" / "nvidia_driver" / "templates" / "nvidia-driver.pref.j2").read_text()
     assert all(field in template for field in ("Package: ", "Pin: version ", "Pin-Priority: 1001"))
+
+
+def _bundle_models(tmp_path, recipe: dict) -> subprocess.CompletedProcess:
+    """Run bundle.yml's models part for an inventory whose one engine host serves recipe."""
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "children": {"sglang_engine_hosts": {"hosts": {"box-1": {"ansible_host": "192.0.2.1"}}}},
+        "vars": {"sglang_model": "lab-weights", "sglang_recipe_overrides": {"lab-weights": recipe}}}}))
+    run = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory),
+           str(REPO / "tests" / "unit" / "fixtures" / "bundle" / "models.yml"),
+           "-e", f"offline_bundle_dir={tmp_path / 'bundle'}"]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_FACT_CACHING": "memory"}
+    return subprocess.run(run, capture_output=True, text=True, cwd=REPO, env=env)
+
+
+def test_bundle_carries_no_weights_of_a_path_recipe(tmp_path):
+    """A recipe with a path (local disk or NFS) stages from there offline: nothing to carry."""
+    done = _bundle_models(tmp_path, {"path": "/srv/nfs/weights", "served_model_name": "lab"})
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "skipping: [localhost] => (item=lab-weights)" not in done.stdout
+    assert not (tmp_path / "bundle" / "models").exists()
+
+
+def test_bundle_refuses_weights_of_no_pinned_commit(tmp_path):
+    done = _bundle_models(tmp_path, {"hf_repo": "org/model", "hf_revision": "main", "served_model_name": "lab"})
+    assert done.returncode != 0
+    message = " ".join((done.stdout + done.stderr).split())
+    assert "recipe lab-weights: bundle.yml stores the weights of the commit the hosts will serve" in message
+    assert "Fix: pin the commit you validated in sglang_recipe_overrides" in message
+
+
+def test_drafts_and_archives_leave_out_what_they_should():
+    models = {"a": {"speculative": {"enabled": True, "draft_hf_repo": "org/draft"}},
+              "b": {"speculative": {"enabled": True, "algorithm": "EAGLE"}},
+              "c": {"speculative": {"enabled": False, "draft_hf_repo": "org/draft"}}}
+    assert bundle.drafts(models) == {"a": {"enabled": True, "draft_hf_repo": "org/draft"}}
+    files = [{"path": f"{part}/f", "size": 1, "sha256": "0" * 64} for part in ("wheels", "debian", "models")]
+    manifest_ = {"summary": {"parts": {"wheels": {}, "debian": {}, "models": {}}}, "files": files}
+    assert sorted(bundle.part_archives(manifest_, "/w")) == ["debian", "wheels"]

@@ -113,3 +113,33 @@ def test_staging_a_draft_end_to_end_records_the_mapping(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     skipped = json.loads(again.stdout.splitlines()[-1])
     assert not skipped["changed"] and skipped["key_mapping"] == {"layers.0.": "midlayer."}
+
+
+def test_weights_pushed_into_dest_are_verified_in_place(tmp_path):
+    """--path naming DEST itself (weights pushed there from the offline bundle): no copy, every
+    sum checked; a draft pushed into <dest>.source is converted from there."""
+    dest = tmp_path / "models" / "recipe"
+    _draft(dest, "midlayer.")
+    subprocess.run("sha256sum config.json model.safetensors > SHA256SUMS", shell=True, cwd=dest, check=True)
+    argv = [sys.executable, str(STAGE), "--dest", str(dest), "--path", str(dest)]
+    staged = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert staged.returncode == 0, staged.stdout + staged.stderr
+    assert "rsync" not in staged.stderr and "staged and verified" in staged.stdout
+    assert json.loads((dest / stage.MARKER).read_text())["source"] == {"path": str(dest)}
+    # a pushed file that differs from the sums is refused
+    (dest / stage.MARKER).unlink()
+    (dest / "config.json").write_text("{}")
+    refused = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert refused.returncode == 1 and "config.json: sha256 differs from SHA256SUMS" in refused.stdout
+
+    draft = tmp_path / "models" / "recipe-draft"
+    _draft(draft.with_name("recipe-draft.source"), "layers.0.")
+    subprocess.run("sha256sum config.json model.safetensors > SHA256SUMS", shell=True,
+                   cwd=draft.with_name("recipe-draft.source"), check=True)
+    argv = [sys.executable, str(STAGE), "--dest", str(draft), "--path", str(draft.with_name("recipe-draft.source")),
+            "--eagle3-draft"]
+    converted = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert converted.returncode == 0, converted.stdout + converted.stderr
+    assert "rsync" not in converted.stderr
+    served = load_file(str(draft / "model.safetensors"))
+    assert sorted(served) == sorted(["midlayer." + name for name in LAYER] + TOP)

@@ -71,9 +71,14 @@ def part_digest(manifest, part):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+# The weights go from the bundle straight into the engine hosts' model store (rsync,
+# sglang_release): no archive of hundreds of GB on the controller.
+UNARCHIVED_PARTS = {"models"}
+
+
 def part_archives(manifest, work_dir):
     """{part: path of its archive in work_dir}, named by the part's digest."""
-    parts = sorted(manifest["summary"]["parts"])
+    parts = sorted(set(manifest["summary"]["parts"]) - UNARCHIVED_PARTS)
     return {part: f"{work_dir}/{part}-{part_digest(manifest, part)}.tar" for part in parts}
 
 
@@ -126,6 +131,13 @@ def nvidia_pin(variables, repo_dir):
             f"Pin: version {version + '-*' if version else branch + '.*'}\nPin-Priority: 1001\n")
 
 
+def drafts(models):
+    """{recipe: its speculative settings} for the recipes that speculate with a separate
+    draft model (draft_hf_repo), which the bundle carries beside the weights."""
+    return {name: recipe["speculative"] for name, recipe in models.items()
+            if recipe.get("speculative", {}).get("enabled") and recipe["speculative"].get("draft_hf_repo")}
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -136,4 +148,5 @@ class FilterModule:
             "bundle_part_archives": part_archives,
             "bundle_nvidia_packages": nvidia_packages,
             "bundle_nvidia_pin": nvidia_pin,
+            "bundle_drafts": drafts,
         }

@@ -5,6 +5,7 @@
 
 * --path: rsync from a local or NFS directory (resumable: --partial; progress shown),
   then every line of the checksum file (sha256sum format, inside the weights) is verified.
+  A path that is DEST itself (weights pushed there from the offline bundle) is only verified.
 * --hf-repo: huggingface_hub's snapshot_download at the pinned commit (resumable; token
   from HF_TOKEN), then every LFS file is checked against the sha256 the Hub lists.
 * --eagle3-draft: DEST is served as an EAGLE-3 draft. The source is staged verified into
@@ -70,9 +71,10 @@ def stage_path(args, dest: Path) -> list[str]:
     if not src.is_dir():
         return [f"source path {src} is not a directory on this host (mount the NFS share first)"]
     dest.mkdir(parents=True, exist_ok=True)
-    print(f"rsync {src}/ -> {dest}/", file=sys.stderr, flush=True)
-    subprocess.run(["rsync", "-a", "--partial", "--info=progress2", f"{src}/", f"{dest}/"], check=True,
-                   stdout=sys.stderr)
+    if src.resolve() != dest.resolve():
+        print(f"rsync {src}/ -> {dest}/", file=sys.stderr, flush=True)
+        subprocess.run(["rsync", "-a", "--partial", "--info=progress2", f"{src}/", f"{dest}/"], check=True,
+                       stdout=sys.stderr)
     sums = dest / args.checksums
     if not sums.is_file():
         return [f"{src}/{args.checksums} is missing: the weights cannot be verified "
