@@ -84,10 +84,11 @@ $(SGLANG_VENV)/.stamp: files/sglang/requirements.lock requirements/kernels-test.
 	@$(VENV)/bin/uv pip install -q --python $(SGLANG_VENV)/bin/python -r requirements/kernels-test.txt
 	@touch $@
 
+# Both at once: debootstrap mostly waits on the archive and the disk.
 rootfs: apt venv
 	$(call step,lab root filesystems (Debian 12 and 13; cached))
-	@$(LABCTL) rootfs bookworm >/dev/null
-	@$(LABCTL) rootfs trixie >/dev/null
+	@$(LABCTL) rootfs bookworm >/dev/null & bookworm=$$!; $(LABCTL) rootfs trixie >/dev/null & trixie=$$!; \
+	  failed=0; wait $$bookworm || failed=1; wait $$trixie || failed=1; exit $$failed
 
 # ---------------------------------------------------------------------------- the lab
 lab: setup
