@@ -208,14 +208,17 @@ molecule-site/%:
 #   nearly twice as long. But two lanes leave CPU idle while they wait on health gates,
 #   restarts and timeouts: the checks that need no lab host (static, unit, recipes,
 #   monitoring, both kernel tiers) run beside them in a session of their own at nice 19
-#   (test-background) and take only that idle time.
+#   (test-background) and take only that idle time. A failed lane stops them too.
 MOLECULE_JOBS ?= 2
 test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=target setup sglang-venv prometheus-bin monitoring-bin test-lab
-	@setsid --wait bash -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null; \
+	@# a background job of this shell leads no process group, so setsid runs in place: its pid
+	@# is the session's, which a failed lane kills whole
+	@setsid bash -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null; \
 	  exec nice -n 19 $(MAKE) --no-print-directory test-background' > .cache/background.log 2>&1 & background=$$!; \
 	  lanes=0; $(MAKE) --no-print-directory -j$(MOLECULE_JOBS) --output-sync=target \
 	    $(addprefix molecule-site/,$(SITE_RUN)) $(addprefix molecule-role/,$(ROLE_NAMES)) || lanes=$$?; \
+	  if [ $$lanes -ne 0 ]; then kill -- -$$background 2>/dev/null || true; fi; \
 	  checks=0; wait $$background || checks=$$?; cat .cache/background.log; \
 	  [ $$lanes -eq 0 ] && [ $$checks -eq 0 ]
 	$(call step,all tests passed)
