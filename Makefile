@@ -133,12 +133,12 @@ test-kernels-interpreter: sglang-venv
 	$(call step,kernels on CPU: Triton interpreter against the torch references)
 	@bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python interpreter
 
-# The checks `make test` runs beside the Molecule lanes (in its nice 19 session): every
-# one of them, whatever fails, so the log names each failure; the interpreter tier last.
+# The checks `make test` runs beside the Molecule lanes (in its nice 19 session), one after
+# another and every one whatever fails (-k), so the log names each failure; the interpreter
+# tier last.
 test-background: sglang-venv prometheus-bin
-	@failed=; for t in test-static test-unit test-kernels-compiler test-monitoring test-recipes test-kernels-interpreter; do \
-	  $(MAKE) --no-print-directory $$t || failed="$$failed $$t"; done; \
-	  if [ -n "$$failed" ]; then echo "==> checks FAILED:$$failed"; exit 1; fi
+	@$(MAKE) --no-print-directory -k test-static test-unit test-kernels-compiler test-monitoring test-recipes \
+	  test-kernels-interpreter
 
 test-recipes: sglang-venv
 	$(call step,recipes: every shipped layout through SGLang's parser and resolution, against the models' config.json)
