@@ -33,9 +33,17 @@ def errors(variables, groups=None, host="box"):
 
 def test_every_roles_listener_on_one_box_from_the_roles_defaults():
     found = checks.listeners(box(), "box", ALL_IN_ONE)
+    # Mooncake's transfer listeners: two ports per GPU rank of each PD engine, on every address
+    transfer = [("*", p) for p in range(17000, 17016)]
     assert sorted((a, p) for a, p, _, _ in found) == sorted(
-        [("10.0.0.11", p) for p in (9100, 30000, 8998, 30001, 9400, 8000, 29000, 9090, 9093, 3000)])
+        [("10.0.0.11", p) for p in (9100, 30000, 8998, 30001, 9400, 8000, 29000, 9090, 9093, 3000)] + transfer)
     assert errors(box()) == []
+
+
+def test_the_transfer_ports_on_an_exporters_port_are_refused_naming_the_base():
+    (error,) = errors(box(sglang_release_transfer_port_base=9390))
+    assert error.startswith("box: gpu_exporter_port: 10.0.0.11:9400 is wanted by GPU exporter (gpu_exporter_port) "
+                            "and by engine decode-0 (KV transfer) (sglang_release_transfer_port_base);"), error
 
 
 def test_router_metrics_port_on_prometheus_port_is_refused_naming_both():

@@ -319,6 +319,55 @@ def nvidia_apt():
     return module
 
 
+@functools.cache
+def sglang_release_plugin():
+    """sglang_release's own rendering helpers (filter_plugins/sglang_release.py), not a copy."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "sm120_sglang_release", ROLES_DIR / "sglang_release" / "filter_plugins" / "sglang_release.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TRANSFER_BACKENDS = ("auto", "mooncake", "mooncake_tcp")
+
+
+def transfer_errors(hostvars, engine_hosts):
+    """The KV-transfer backend of every host with PD engines: one the host can run (RDMA only
+    where it has an RDMA device), and one transport on every PD host."""
+    errors, used = [], {}
+    for host in sorted(engine_hosts or []):
+        hv = hostvars[host]
+        if not any(engine.get("mode") in ("prefill", "decode") for _, engine in _engines(hv)):
+            continue
+        if "preflight_rdma_devices" not in hv:
+            continue  # not gathered (outside --limit): the host's own run checks it
+        configured = str(_get(hv, "sglang_release_transfer_backend"))
+        devices = list(hv["preflight_rdma_devices"] or [])
+        if configured not in TRANSFER_BACKENDS:
+            errors.append(_err(host, "sglang_release_transfer_backend", f"{configured!r} is not a transfer backend "
+                               f"this release carries (choose from {', '.join(TRANSFER_BACKENDS)}).",
+                               "set auto (RDMA where the host has an RDMA device, else TCP), mooncake or mooncake_tcp."))
+            continue
+        if configured == "mooncake" and not devices:
+            errors.append(_err(host, "sglang_release_transfer_backend", "mooncake moves the KV cache over RDMA "
+                               "(Mooncake's protocol is rdma) and this host has no RDMA device "
+                               "(/sys/class/infiniband is empty or absent).",
+                               "set sglang_release_transfer_backend: auto or mooncake_tcp (Mooncake over TCP) for "
+                               "this host, or install its RDMA NIC and driver."))
+            continue
+        used[host] = sglang_release_plugin().transfer_backend(configured, devices)
+    if len(set(used.values())) > 1:
+        listing = ", ".join(f"{host} ({backend})" for host, backend in sorted(used.items()))
+        errors.append(_err(sorted(used)[0], "sglang_release_transfer_backend", f"the PD hosts would use different "
+                           f"KV transports: {listing}; prefill and decode must use one.",
+                           "set sglang_release_transfer_backend: mooncake_tcp for all engine hosts (group_vars), "
+                           "or give every PD host an RDMA device."))
+    return errors
+
+
 def _get(variables, name):
     """The host's value of a later role's variable, or that role's default."""
     if variables is not None and name in variables:
@@ -1050,6 +1099,10 @@ def _engine_listeners(variables, host, listen_address):
     recipes = variables.get("sglang_model_recipes") if variables is not None else None
     recipe = recipes.get(model) if isinstance(recipes, dict) else None
     found = []
+    # Mooncake binds its transfer listeners on every address.
+    transfer_ports = sglang_release_plugin().transfer_ports(
+        [engine for _, engine in _engines(variables or {})],
+        _port(_role_value(variables, host, "sglang_release_transfer_port_base")) or 0)
     for index, engine in _engines(variables or {}):
         label, name = _engine_label(engine, index), engine.get("name", f"#{index}")
         address = str(engine.get("host", listen_address))
@@ -1064,6 +1117,9 @@ def _engine_listeners(variables, host, listen_address):
             for key, value in (layer.items() if isinstance(layer, dict) else []):
                 key = str(key).replace("_", "-")
                 args[key], source[key] = value, var
+        first, last = transfer_ports.get(str(name), (0, -1))
+        for port in range(first, last + 1):
+            found.append(("*", port, f"engine {name} (KV transfer)", "sglang_release_transfer_port_base"))
         if "nccl-port" in args:
             found.append(("*", args["nccl-port"], f"engine {name} (NCCL)", f"{source['nccl-port']}.nccl-port"))
         if "dist-init-addr" in args and str(args.get("node-rank", 0)) == "0":
@@ -1169,4 +1225,5 @@ class FilterModule:
             "preflight_model_source_errors": model_source_errors,
             "preflight_wheelhouse_errors": wheelhouse_errors,
             "preflight_listener_errors": listener_errors,
+            "preflight_transfer_errors": transfer_errors,
         }

@@ -92,8 +92,13 @@ def engine_args(engine, recipe, model_dir, listen_address, transfer_backend="moo
     return args
 
 
-def engine_env(engine, recipe, host_env=None, runtime_dir="/run/sglang-engine"):
-    """The environment file of one engine (values as strings)."""
+def engine_env(engine, recipe, host_env=None, runtime_dir="/run/sglang-engine", measured_env=None,
+               transfer_ports=None):
+    """The environment file of one engine (values as strings).
+
+    measured_env (gpu_qualify's NCCL decision for the host) applies to engines of several
+    GPUs, under the recipe's, the host's and the engine's env: what an operator sets wins.
+    """
     env = {
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in engine["gpus"]),
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -103,10 +108,37 @@ def engine_env(engine, recipe, host_env=None, runtime_dir="/run/sglang-engine"):
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
-    for source in (recipe.get("env"), host_env, engine.get("env")):
+    ports = (transfer_ports or {}).get(engine["name"])
+    if ports:
+        # Mooncake opens its handshake (RPC) and TCP data listeners in this range, one pair per rank
+        env["MC_MIN_RPC_PORT"], env["MC_MAX_RPC_PORT"] = str(ports[0]), str(ports[1])
+    measured = measured_env if len(engine["gpus"]) > 1 else None
+    for source in (measured, recipe.get("env"), host_env, engine.get("env")):
         for key, value in (source or {}).items():
             env[str(key)] = str(value)
     return env
+
+
+def transfer_backend(configured, rdma_devices) -> str:
+    """The KV-transfer backend a host's PD engines use: `auto` takes RDMA where the host has
+    an RDMA device, else Mooncake's TCP transport."""
+    configured = str(configured or "auto")
+    if configured != "auto":
+        return configured
+    # mooncake_tcp, not nixl: SGLang 0.5.23's default PD path (its hook forces MC_FORCE_TCP), one package in the lock
+    return "mooncake" if list(rdma_devices or []) else "mooncake_tcp"
+
+
+def transfer_ports(engines, base) -> dict:
+    """{engine name: [first, last]}: each PD engine's port range for its transfer engines, in
+    list order from `base`, two ports (handshake and data) for each of its GPUs' ranks."""
+    ports, first = {}, int(base)
+    for engine in engines or []:
+        if isinstance(engine, dict) and engine.get("mode") in PD_MODES:
+            count = 2 * max(len(engine.get("gpus") or []), 1)
+            ports[str(engine.get("name"))] = [first, first + count - 1]
+            first += count
+    return ports
 
 
 def env_file(env) -> str:
@@ -210,6 +242,8 @@ class FilterModule:
             "sglang_release_speculative_args": speculative_args,
             "sglang_release_draft_dir": draft_dir,
             "sglang_release_env_file": env_file,
+            "sglang_release_transfer_backend": transfer_backend,
+            "sglang_release_transfer_ports": transfer_ports,
             "sglang_release_cross_engine_errors": cross_engine_errors,
             "sglang_release_content_id": content_id,
             "sglang_release_manifest_diff": manifest_diff,
