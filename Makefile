@@ -44,7 +44,7 @@ molecule_test = start=$$(date +%s); printf '\n\033[1m==> molecule test %s in %s\
   || { echo "==> $(3) FAILED after $$(( $$(date +%s) - start )) s"; exit 1; }
 
 .PHONY: help setup apt venv sglang-venv rootfs lab lab-destroy lint test test-static \
-        test-unit test-background test-kernels test-kernels-compiler test-kernels-interpreter test-monitoring test-recipes test-lab test-roles test-site test-scenario clean prometheus-bin \
+        test-unit test-drafts test-background test-kernels test-kernels-compiler test-kernels-interpreter test-monitoring test-recipes test-lab test-roles test-site test-scenario clean prometheus-bin \
         monitoring-bin
 
 help:
@@ -137,7 +137,7 @@ test-kernels-interpreter: sglang-venv
 # another and every one whatever fails (-k), so the log names each failure; the interpreter
 # tier last.
 test-background: sglang-venv prometheus-bin
-	@$(MAKE) --no-print-directory -k test-static test-unit test-kernels-compiler test-monitoring test-recipes \
+	@$(MAKE) --no-print-directory -k test-static test-unit test-drafts test-kernels-compiler test-monitoring test-recipes \
 	  test-kernels-interpreter
 
 test-recipes: sglang-venv
@@ -147,6 +147,10 @@ test-recipes: sglang-venv
 test-unit: venv
 	$(call step,unit tests of the roles' plugins and scripts)
 	@$(ACTIVATE) && python -m pytest -q tests/unit
+
+test-drafts: sglang-venv
+	$(call step,EAGLE-3 drafts: tensor names and shapes against the classes SGLang 0.5.23 loads them with)
+	@$(SGLANG_VENV)/bin/python -m pytest -q tests/drafts
 
 prometheus-bin: $(PROMETHEUS_BIN_DIR)/promtool
 $(PROMETHEUS_BIN_DIR)/promtool: | apt

@@ -95,7 +95,7 @@ def test_eagle_with_an_eagle3_draft_is_refused():
     errors = _errors("kimi-k2.5-int4", _recipe("kimi-k2.5-int4", algorithm="EAGLE"))
     assert len(errors) == 1 and errors[0].startswith(
         "gpu-box-1: sglang_model_recipes['kimi-k2.5-int4'].speculative.algorithm: is EAGLE, which drafts with "
-        "the checkpoint's own MTP head, but draft_hf_repo names a separate EAGLE-3 draft (lightseekorg/kimi-k2.5-eagle3)")
+        "the checkpoint's own MTP head, but draft_hf_repo names a separate EAGLE-3 draft (nvidia/Kimi-K2.5-Thinking-Eagle3)")
     assert "Fix: set algorithm: EAGLE3 for the draft" in errors[0]
     # And EAGLE3 without a draft has nothing to draft with.
     errors = _errors("deepseek-v4-flash-nvfp4", _recipe("deepseek-v4-flash-nvfp4", algorithm="EAGLE3"))
@@ -121,10 +121,13 @@ def test_draft_revision_must_be_a_commit(revision):
     assert len(errors) == 1 and errors[0].startswith(
         f"gpu-box-1: sglang_model_recipes['kimi-k2.5-int4'].speculative.draft_hf_revision: {revision!r} is not a commit hash")
     assert "sglang_recipe_overrides: {kimi-k2.5-int4: {speculative: {draft_hf_revision: <commit>}}}." in errors[0]
-    # The shipped recipe leaves it to the operator, like hf_revision.
+    # The shipped recipe pins its draft (the snapshot NVIDIA's Dynamo recipe serves); hf_revision
+    # is the operator's to pin.
     shipped = copy.deepcopy(RECIPES["kimi-k2.5-int4"])
+    assert shipped["speculative"]["draft_hf_revision"] == "0b0c6ac039089ad2c2418c91c039553381a302d9"
+    assert [e for e in _errors("kimi-k2.5-int4", shipped) if "draft" in e] == []
     shipped["hf_revision"] = COMMIT
-    assert len(_errors("kimi-k2.5-int4", shipped)) == 1
+    assert _errors("kimi-k2.5-int4", shipped) == []
 
 
 def test_speculative_arguments_that_differ_between_prefill_and_decode():
