@@ -9,7 +9,7 @@ SGLANG_VENV := .venv-sglang
 PY          := $(VENV)/bin/python
 ACTIVATE    := source $(VENV)/bin/activate
 LABCTL      := $(PY) molecule/lab/labctl.py
-APT_PACKAGES := debootstrap systemd-container openssh-client rsync nftables
+APT_PACKAGES := debootstrap systemd-container openssh-client rsync nftables libibverbs1 ibverbs-providers
 export UV_CACHE_DIR := $(CURDIR)/.cache/uv
 export ANSIBLE_HOME := $(CURDIR)/.cache/ansible
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
@@ -140,9 +140,12 @@ test-background: sglang-venv prometheus-bin
 	@$(MAKE) --no-print-directory -k test-static test-unit test-drafts test-kernels-compiler test-monitoring test-recipes \
 	  test-kernels-interpreter
 
-test-recipes: sglang-venv
+# mooncake.engine (the PD transfer engine the validation imports) links libibverbs (apt).
+test-recipes: sglang-venv apt
 	$(call step,recipes: every shipped layout through SGLang's parser and resolution, against the models' config.json)
 	@$(SGLANG_VENV)/bin/python tests/recipes/check_recipes.py
+	$(call step,release validation: what each engine loads at start; refusals of a missing package, parser or model class)
+	@$(SGLANG_VENV)/bin/python -m pytest -q -p no:warnings tests/recipes
 
 test-unit: venv
 	$(call step,unit tests of the roles' plugins and scripts)

@@ -8,7 +8,9 @@ molecule/examples/models/<recipe>, the model's published config.json and no weig
 separate speculative draft: molecule/examples/models/<recipe>-draft), with the recipe's
 speculative decoding as shipped (every layout) and switched off (the co-located layout),
 then runs the role's validate_release.parse_engine() on it: SGLang 0.5.23's parser and
-its resolution against the model's config, with `--device cpu`. Then, once per recipe,
+its resolution against the model's config, with `--device cpu`, and the import of every
+module the engine loads at start (on a machine without the NVIDIA driver, with the
+libcuda.so.1 test double of molecule/shared/libcuda_stub loaded first). Then, once per recipe,
 SGLang's model loader builds the quantization config the engines would load the weights
 with, which must be the one the checkpoint needs (QUANT_CONFIG). One line per check;
 exit status 1 when any check fails or a recipe has no config.json here.
@@ -16,7 +18,10 @@ exit status 1 when any check fails or a recipe has no config.json here.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,9 +37,23 @@ from sglang_release import engine_args  # noqa: E402  (the role's renderer)
 from validate_release import parse_engine, run_forked  # noqa: E402  (the role's validation)
 
 MODELS = REPO / "molecule/examples/models"
+LIBCUDA_STUB = REPO / "molecule/shared/libcuda_stub/build.sh"
 # The quantization config SGLang's loader must build for each shipped checkpoint: the hybrid
 # FP8 attention + NVFP4 experts of DeepSeek-V4-Flash-NVFP4, Kimi-K2.5's compressed-tensors INT4.
 QUANT_CONFIG = {"deepseek-v4-flash-nvfp4": "HybridFp8NvFp4Config", "kimi-k2.5-int4": "CompressedTensorsConfig"}
+
+
+def ensure_libcuda(workdir: Path) -> str:
+    """Load libcuda.so.1 into this process, the stub (a test double) where no NVIDIA driver is
+    installed: the PD engines' transfer engine (mooncake.engine) links it. Returns its path."""
+    found = ctypes.util.find_library("cuda")
+    if found:
+        return found
+    site = next((p for p in sys.path if p.endswith("site-packages") and (Path(p) / "mooncake").is_dir()), "")
+    stub = subprocess.run([str(LIBCUDA_STUB), str(workdir / "libcuda-stub")] + ([site] if site else []), check=True,
+                          capture_output=True, text=True).stdout.strip()
+    ctypes.CDLL(stub, mode=ctypes.RTLD_GLOBAL)  # later dlopen("libcuda.so.1") finds it loaded
+    return stub
 
 
 def _quant_config(config: str) -> str:
@@ -85,6 +104,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="check-recipes-"))
     # Offline, as the engine units run; remote-code modules go to a private cache.
     os.environ.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(workdir / "hf_modules"))
+    print(f"libcuda.so.1: {ensure_libcuda(workdir)}")
     failures = 0
     for name, recipe in sorted(recipes.items()):
         model_dir = MODELS / name
