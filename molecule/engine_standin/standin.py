@@ -27,7 +27,16 @@ It runs from the release venv, with the real SGLang installed, and:
 * produces `max_new_tokens` tokens (words) when `ignore_eos` is set, as a load generator
   asks, and paces its tokens: `ttft_s` before the first, `token_s` between the next ones
   (decode and unified engines; a prefill engine answers at once);
-* records the last requests it received (GET /standin/requests: path, messages, words);
+* hands the KV cache over from prefill to decode through the real Mooncake transfer engine
+  of the release venv (SGLang's own MooncakeTransferEngine wrapper: the transport, ports and
+  timeouts come from the engine's environment as in a real engine): a prefill engine serves
+  its bootstrap port, a decode engine registers a host-memory buffer for the request's
+  bootstrap_room there, the prefill engine writes the request's KV bytes into it with
+  transfer_sync_write, and the decode engine checks them against what the request implies
+  before it answers (a failed or corrupted hand-off answers HTTP 500 and counts
+  num_transfer_failed_reqs, as SGLang aborts such a request);
+* records the last requests it received (GET /standin/requests: path, messages, words, and
+  the KV hand-off: bytes, intact, milliseconds);
 * exports /metrics through SGLang's own SchedulerMetricsCollector and
   TokenizerMetricsCollector (Prometheus multiprocess mode when PROMETHEUS_MULTIPROC_DIR is
   set, as in the unit), updated on every request so the counters move;
@@ -43,6 +52,7 @@ It runs from the release venv, with the real SGLang installed, and:
                   the replies after them), as a stack that truncates context would
     spec_accept_length  the speculative accept length it reports in /metrics and
                   /server_info when the engine speculates (default 2.0)
+    kv_timeout_s  seconds either side waits for the other in a KV hand-off (default 30)
   The file is re-read on every /health and chat request, so a test can flip a switch on
   a running process.
 """
@@ -50,6 +60,8 @@ It runs from the release venv, with the real SGLang installed, and:
 from __future__ import annotations
 
 import argparse
+import ctypes
+import hashlib
 import json
 import os
 import re
@@ -78,7 +90,12 @@ def load_server_args(config: str, rest: list[str]):
     """SGLang's own parser: the stand-in serves exactly what the rendered config says."""
     from sglang.srt.server_args import prepare_server_args
 
-    return prepare_server_args(["--config", config, *rest, "--device", "cpu"])
+    server_args = prepare_server_args(["--config", config, *rest, "--device", "cpu"])
+    if server_args.disaggregation_mode in ("prefill", "decode"):
+        # SGLang's own PD hook: mooncake_tcp sets MC_FORCE_TCP for the transfer engine
+        from sglang.srt.arg_groups.pd_disaggregation_hook import handle_pd_disaggregation
+        handle_pd_disaggregation(server_args)
+    return server_args
 
 
 class Control:
@@ -95,6 +112,7 @@ class Control:
             "token_s": float(os.environ.get("STANDIN_TOKEN_S", "0")),
             "drop_oldest_turns": 0,
             "spec_accept_length": 2.0,
+            "kv_timeout_s": 30.0,
         }
         try:
             values.update(json.loads(self.path.read_text()))
@@ -144,9 +162,17 @@ class Metrics:
             stats.cache_hit_rate = cached_tokens / max(prompt_tokens, 1)
             stats.spec_accept_length = spec_accept_length
             self.scheduler.log_stats(stats)
-            if disagg_mode in ("prefill", "decode"):
+
+    def kv_transfer(self, nbytes: int, seconds: float):
+        if self.enabled:
+            with self.lock:
                 self.scheduler.observe_kv_transfer_metrics(
-                    latency_ms=latency * 1000 / 4, total_mb=prompt_tokens / 1024, speed_gb_s=1.0)
+                    latency_ms=seconds * 1000, total_mb=nbytes / 2**20, speed_gb_s=nbytes / max(seconds, 1e-6) / 1e9)
+
+    def kv_transfer_failed(self):
+        if self.enabled:
+            with self.lock:
+                self.scheduler.increment_transfer_failed_reqs()
 
     def exposition(self) -> bytes:
         from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
@@ -277,6 +303,206 @@ def shape_tokens(reply: str, max_tokens, ignore_eos: bool) -> list[str]:
     return tokens
 
 
+# ----------------------------------------------------------------------------- KV hand-off
+KV_SLOT_BYTES = 256 * 1024  # one request's KV at most (the lab's prompts are short)
+KV_SLOTS = 32               # requests in flight per engine
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+
+
+def kv_payload(room: int, words: int) -> bytes:
+    """The KV bytes of a request: its size follows the prompt, its content the request's
+    bootstrap_room, so decode can tell a missing, short or misrouted hand-off."""
+    size = min(KV_SLOT_BYTES, 4096 + 512 * words)
+    blocks = (hashlib.sha256(f"{room}:{i}".encode()).digest() for i in range(size // 32 + 1))
+    return b"".join(blocks)[:size]
+
+
+def prompt_words(path: str, body: dict) -> int:
+    if path == "/v1/chat/completions":
+        return sum(len(_text(m.get("content")).split()) for m in body.get("messages") or [])
+    text = body.get("text") or body.get("prompt") or ""
+    return len((text if isinstance(text, str) else json.dumps(text)).split())
+
+
+class KvHandoff:
+    """One side of the PD hand-off, through SGLang's MooncakeTransferEngine (the real
+    transfer engine from the lock), over host-memory buffers registered with it."""
+
+    def __init__(self, server_args, metrics: Metrics, control: Control):
+        from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import MooncakeTransferEngine
+
+        self.mode = str(server_args.disaggregation_mode)
+        self.metrics, self.control = metrics, control
+        self.engine = MooncakeTransferEngine(hostname=server_args.host, gpu_id=0,
+                                             ib_device=server_args.disaggregation_ib_device)
+        self.buffer = ctypes.create_string_buffer(KV_SLOT_BYTES * KV_SLOTS)
+        self.base = ctypes.addressof(self.buffer)
+        self.engine.register(self.base, KV_SLOT_BYTES * KV_SLOTS)
+        self.free = list(range(KV_SLOTS))
+        self.slots = threading.Condition()
+        self.rooms: dict[int, dict] = {}  # prefill: bootstrap_room -> decode's buffer and the outcome
+        self.rooms_changed = threading.Condition()
+
+    def timeout(self) -> float:
+        return float(self.control.get()["kv_timeout_s"])
+
+    def _take_slot(self, deadline: float) -> int:
+        with self.slots:
+            while not self.free:
+                if not self.slots.wait(max(deadline - time.monotonic(), 0)) and time.monotonic() >= deadline:
+                    raise TimeoutError("no free KV buffer slot")
+            return self.free.pop()
+
+    def _give_slot(self, slot: int):
+        with self.slots:
+            self.free.append(slot)
+            self.slots.notify()
+
+    # prefill side: the bootstrap server's state, and the write
+    def room(self, room: int) -> dict:
+        with self.rooms_changed:
+            entry = self.rooms.setdefault(room, {"state": "waiting", "created": time.monotonic()})
+            # forget hand-offs long done (a bounded table)
+            for old in [r for r, e in self.rooms.items() if time.monotonic() - e["created"] > 600]:
+                del self.rooms[old]
+            return entry
+
+    def register_destination(self, room: int, destination: dict):
+        with self.rooms_changed:
+            self.room(room)["destination"] = destination
+            self.rooms_changed.notify_all()
+
+    def send(self, room: int, words: int) -> dict:
+        """Write the request's KV bytes into the buffer decode registered for this room."""
+        entry, deadline, started = self.room(room), time.monotonic() + self.timeout(), time.monotonic()
+        with self.rooms_changed:
+            while "destination" not in entry:
+                if time.monotonic() >= deadline:
+                    break
+                self.rooms_changed.wait(max(deadline - time.monotonic(), 0.01))
+        payload = kv_payload(room, words)
+        destination = entry.get("destination")
+        if destination is None:
+            result = {"state": "failed", "error": f"no decode engine registered room {room} within {self.timeout():.0f} s"}
+        elif int(destination["length"]) < len(payload):
+            result = {"state": "failed", "error": f"decode's buffer holds {destination['length']} bytes, the KV is {len(payload)}"}
+        else:
+            slot = self._take_slot(deadline)
+            try:
+                source = self.base + slot * KV_SLOT_BYTES
+                ctypes.memmove(source, payload, len(payload))
+                sent = time.monotonic()
+                rc = self.engine.transfer_sync(destination["session_id"], source, int(destination["addr"]), len(payload))
+                seconds = time.monotonic() - sent
+            finally:
+                self._give_slot(slot)
+            if rc < 0:
+                result = {"state": "failed", "error": f"transfer_sync_write to {destination['session_id']} returned {rc} "
+                                                      f"after {seconds:.2f} s"}
+            else:
+                result = {"state": "done", "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest(),
+                          "ms": round(seconds * 1000, 3), "to": destination["session_id"]}
+                self.metrics.kv_transfer(len(payload), seconds)
+        if result["state"] == "failed":
+            self.metrics.kv_transfer_failed()
+        with self.rooms_changed:
+            entry.update(result)
+            self.rooms_changed.notify_all()
+        return {**result, "room": room, "waited_ms": round((time.monotonic() - started) * 1000, 3)}
+
+    # decode side: register a buffer at the prefill engine's bootstrap port, wait, check
+    def receive(self, host: str, port: int, room: int, words: int) -> dict:
+        import urllib.error
+        import urllib.request
+
+        deadline, started = time.monotonic() + self.timeout(), time.monotonic()
+        bootstrap = f"http://{host}:{port}/standin/kv/{room}"
+        slot = self._take_slot(deadline)
+        destination = self.base + slot * KV_SLOT_BYTES
+        ctypes.memset(destination, 0, KV_SLOT_BYTES)
+        try:
+            body = json.dumps({"session_id": self.engine.session_id, "addr": destination,
+                               "length": KV_SLOT_BYTES}).encode()
+            status: dict = {}
+            try:
+                urllib.request.urlopen(urllib.request.Request(bootstrap, data=body, method="POST"),
+                                       timeout=max(deadline - time.monotonic(), 0.1)).read()
+                while time.monotonic() < deadline:
+                    with urllib.request.urlopen(bootstrap, timeout=max(deadline - time.monotonic(), 0.1)) as answer:
+                        status = json.loads(answer.read())
+                    if status.get("state") in ("done", "failed"):
+                        break
+                    time.sleep(0.005)
+            except (OSError, urllib.error.URLError, ValueError) as exc:
+                status = {"state": "failed", "error": f"bootstrap {host}:{port} unreachable: {exc}"}
+            if status.get("state") != "done":
+                error = status.get("error") or f"no KV within {self.timeout():.0f} s"
+                raise KvTransferError(f"KV transfer for bootstrap_room {room} from the prefill engine at "
+                                      f"{host}:{port} failed after {time.monotonic() - started:.1f} s: {error}")
+            expected = kv_payload(room, words)
+            received = ctypes.string_at(destination, len(expected))
+            intact = received == expected and hashlib.sha256(received).hexdigest() == status.get("sha256")
+            if not intact:
+                raise KvTransferError(f"KV transfer for bootstrap_room {room} from {host}:{port}: "
+                                      f"{len(expected)} bytes arrived corrupted")
+            self.metrics.kv_transfer(len(received), float(status.get("ms", 0)) / 1000)
+            return {"room": room, "bytes": len(received), "intact": True, "ms": status.get("ms"),
+                    "from": f"{host}:{port}", "session": self.engine.session_id}
+        except KvTransferError:
+            self.metrics.kv_transfer_failed()
+            raise
+        finally:
+            self._give_slot(slot)
+
+
+class KvTransferError(RuntimeError):
+    pass
+
+
+def make_bootstrap_handler(kv: KvHandoff):
+    """The prefill engine's bootstrap port: decode engines register their buffers here."""
+    class Bootstrap(BaseHTTPRequestHandler):
+        def log_message(self, fmt, *args):
+            pass
+
+        def _room(self):
+            match = re.fullmatch(r"/standin/kv/(-?\d+)", self.path)
+            return int(match.group(1)) if match else None
+
+        def _send(self, code: int, payload: dict):
+            data = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802
+            room = self._room()
+            if room is None:
+                self._send(404, {"error": "not found"})
+                return
+            entry = kv.room(room)
+            self._send(200, {k: v for k, v in entry.items() if k not in ("destination", "created")})
+
+        def do_POST(self):  # noqa: N802
+            room = self._room()
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                destination = json.loads(self.rfile.read(length) or b"{}")
+                destination["session_id"], destination["addr"], destination["length"]  # noqa: B018
+            except (ValueError, KeyError):
+                self._send(400, {"error": "want session_id, addr and length"})
+                return
+            if room is None:
+                self._send(404, {"error": "not found"})
+                return
+            kv.register_destination(room, destination)
+            self._send(200, {"ok": True})
+
+    return Bootstrap
+
+
 # ----------------------------------------------------------------------------- server
 class Engine:
     def __init__(self, server_args, name: str):
@@ -291,6 +517,8 @@ class Engine:
         self.seen_prompts: list = []
         self.received: list = []
         self.lock = threading.Lock()
+        # PD engines load the transfer engine at start, as SGLang's KV manager does
+        self.kv = KvHandoff(server_args, self.metrics, self.control) if self.mode in ("prefill", "decode") else None
 
     def healthy(self) -> bool:
         ctl = self.control.get()
@@ -327,10 +555,23 @@ class Engine:
         ctl = self.control.get()
         return float(ctl["ttft_s"]), float(ctl["token_s"])
 
-    def record(self, path: str, messages: list[dict], words: int, stream: bool):
+    def handoff(self, path: str, body: dict) -> dict | None:
+        """The request's KV hand-off when the router sent it in PD mode (bootstrap fields set);
+        raises KvTransferError when it failed."""
+        if self.kv is None or body.get("bootstrap_room") is None:
+            return None
+        room, words = int(body["bootstrap_room"]), prompt_words(path, body)
+        if self.mode == "prefill":
+            result = self.kv.send(room, words)
+            if result["state"] != "done":
+                raise KvTransferError(f"KV transfer for bootstrap_room {room}: {result['error']}")
+            return result
+        return self.kv.receive(str(body["bootstrap_host"]), int(body["bootstrap_port"]), room, words)
+
+    def record(self, path: str, messages: list[dict], words: int, stream: bool, kv: dict | None = None):
         with self.lock:
             self.received.append({"path": path, "stream": stream, "words": words, "messages": len(messages),
-                                  "roles": [m.get("role") for m in messages],
+                                  "kv": kv, "roles": [m.get("role") for m in messages],
                                   "first_user": next((_text(m.get("content"))[:200] for m in messages
                                                       if m.get("role") == "user"), "")})
             del self.received[:-32]
@@ -357,7 +598,7 @@ class Engine:
         reply["words"] = words
         reply["completion_tokens"] = (len(reply["tokens"]) if reply["tool_call"] is None
                                       else len(reply["tool_call"]["function"]["arguments"].split()))
-        self.record("/v1/chat/completions", received, len(words), bool(body.get("stream")))
+        self.record("/v1/chat/completions", received, len(words), bool(body.get("stream")), body.get("_standin_kv"))
         return reply
 
     def chat(self, body: dict) -> dict:
@@ -435,7 +676,8 @@ class Engine:
         tokens = shape_tokens(answer([{"role": "user", "content": prompt}]),
                               params.get("max_new_tokens"), bool(params.get("ignore_eos")))
         words = prompt.split()
-        self.record("/generate", [{"role": "user", "content": prompt}], len(words), bool(body.get("stream")))
+        self.record("/generate", [{"role": "user", "content": prompt}], len(words), bool(body.get("stream")),
+                    body.get("_standin_kv"))
         return words, tokens
 
     def _meta(self, rid: str, words: list, done: int, cached: int, started: float, finished: bool) -> dict:
@@ -566,7 +808,15 @@ def make_handler(engine: Engine):
             stream = bool(body.get("stream"))
             if path in ("/v1/chat/completions", "/generate", "/v1/completions") and engine.control.get()["fail_chat"]:
                 self._send(500, {"error": {"message": "stand-in told to fail (fail_chat)"}})
-            elif path == "/v1/chat/completions":
+                return
+            if path in ("/v1/chat/completions", "/generate", "/v1/completions"):
+                try:
+                    body["_standin_kv"] = engine.handoff(path, body)
+                except KvTransferError as exc:
+                    print(f"[standin {engine.name}] {exc}", file=sys.stderr, flush=True)
+                    self._send(500, {"error": {"message": str(exc), "type": "KVTransferError"}})
+                    return
+            if path == "/v1/chat/completions":
                 self._stream(engine.chat_stream(body)) if stream else self._send(200, engine.chat(body))
             elif path in ("/generate", "/v1/completions"):
                 self._stream(engine.generate_stream(body)) if stream else self._send(200, engine.generate(body))
@@ -590,6 +840,11 @@ def main(argv=None) -> int:
     engine = Engine(server_args, name)
     httpd = ThreadingHTTPServer((server_args.host, server_args.port), make_handler(engine))
     httpd.daemon_threads = True
+    if engine.kv is not None and engine.mode == "prefill":
+        bootstrap = ThreadingHTTPServer((server_args.host, server_args.disaggregation_bootstrap_port),
+                                        make_bootstrap_handler(engine.kv))
+        bootstrap.daemon_threads = True
+        threading.Thread(target=bootstrap.serve_forever, daemon=True).start()
 
     def stop(signum, _frame):
         print(f"[standin {name}] signal {signum}: draining and exiting", file=sys.stderr, flush=True)
@@ -598,7 +853,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     print(f"[standin {name}] TEST DOUBLE serving {engine.model} as {engine.mode} on "
-          f"{server_args.host}:{server_args.port} (warmup {control.get()['warmup_s']} s)",
+          f"{server_args.host}:{server_args.port} (warmup {control.get()['warmup_s']} s)"
+          + (f"; KV transfer engine session {engine.kv.engine.session_id}" if engine.kv else ""),
           file=sys.stderr, flush=True)
     httpd.serve_forever()
     # SGLang's imports leave non-daemon threads behind; the real engine also exits hard.

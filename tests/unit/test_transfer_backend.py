@@ -38,6 +38,11 @@ def test_the_engine_environment_bounds_mooncakes_listeners_to_its_range():
     assert "MC_MIN_RPC_PORT" not in release.engine_env(UNIFIED[0], {"env": {}}, transfer_ports=ports)
 
 
+def test_pd_engines_get_the_transfer_timeout_unified_ones_do_not():
+    assert release.engine_env(PD[0], {"env": {}}, transfer_timeout=30)["MC_TRANSFER_TIMEOUT"] == "30"
+    assert "MC_TRANSFER_TIMEOUT" not in release.engine_env(UNIFIED[0], {"env": {}}, transfer_timeout=30)
+
+
 def host(engines=PD, devices=(), **variables):
     return {"sglang_engines": engines, "preflight_rdma_devices": list(devices), **variables}
 

@@ -93,7 +93,7 @@ def engine_args(engine, recipe, model_dir, listen_address, transfer_backend="moo
 
 
 def engine_env(engine, recipe, host_env=None, runtime_dir="/run/sglang-engine", measured_env=None,
-               transfer_ports=None):
+               transfer_ports=None, transfer_timeout=None):
     """The environment file of one engine (values as strings).
 
     measured_env (gpu_qualify's NCCL decision for the host) applies to engines of several
@@ -112,6 +112,9 @@ def engine_env(engine, recipe, host_env=None, runtime_dir="/run/sglang-engine", 
     if ports:
         # Mooncake opens its handshake (RPC) and TCP data listeners in this range, one pair per rank
         env["MC_MIN_RPC_PORT"], env["MC_MAX_RPC_PORT"] = str(ports[0]), str(ports[1])
+    if engine["mode"] in PD_MODES and transfer_timeout:
+        # a KV transfer to a peer that cannot be reached fails after this many seconds
+        env["MC_TRANSFER_TIMEOUT"] = str(int(transfer_timeout))
     measured = measured_env if len(engine["gpus"]) > 1 else None
     for source in (measured, recipe.get("env"), host_env, engine.get("env")):
         for key, value in (source or {}).items():
