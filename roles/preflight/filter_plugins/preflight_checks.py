@@ -308,27 +308,24 @@ SHA256_PIN_OR_LIST = re.compile(r"sha256:([0-9a-f]{64}|(https?|ftp|file)://\S+)"
 
 
 @functools.cache
+def _role_plugin(role: str, name: str):
+    """A later role's own filter plugin module (roles/<role>/filter_plugins/<name>.py), not a copy."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"sm120_{name}", ROLES_DIR / role / "filter_plugins" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def nvidia_apt():
-    """nvidia_driver's own package-name helpers (filter_plugins/nvidia_apt.py), not a copy."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "sm120_nvidia_apt", ROLES_DIR / "nvidia_driver" / "filter_plugins" / "nvidia_apt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """nvidia_driver's package-name helpers."""
+    return _role_plugin("nvidia_driver", "nvidia_apt")
 
 
-@functools.cache
 def sglang_release_plugin():
-    """sglang_release's own rendering helpers (filter_plugins/sglang_release.py), not a copy."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "sm120_sglang_release", ROLES_DIR / "sglang_release" / "filter_plugins" / "sglang_release.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """sglang_release's rendering helpers (the transfer backend and ports)."""
+    return _role_plugin("sglang_release", "sglang_release")
 
 
 TRANSFER_BACKENDS = ("auto", "mooncake", "mooncake_tcp")
