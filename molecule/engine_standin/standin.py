@@ -806,15 +806,17 @@ def make_handler(engine: Engine):
             path = self.path.split("?")[0]
             body = self._body()
             stream = bool(body.get("stream"))
-            if path in ("/v1/chat/completions", "/generate", "/v1/completions") and engine.control.get()["fail_chat"]:
-                self._send(500, {"error": {"message": "stand-in told to fail (fail_chat)"}})
-                return
+            # The KV hand-off comes first, as in SGLang: an engine told to fail its generations still
+            # takes its KV, so its peer is not left waiting for a registration that never comes.
             if path in ("/v1/chat/completions", "/generate", "/v1/completions"):
                 try:
                     body["_standin_kv"] = engine.handoff(path, body)
                 except KvTransferError as exc:
                     print(f"[standin {engine.name}] {exc}", file=sys.stderr, flush=True)
                     self._send(500, {"error": {"message": str(exc), "type": "KVTransferError"}})
+                    return
+                if engine.control.get()["fail_chat"]:
+                    self._send(500, {"error": {"message": "stand-in told to fail (fail_chat)"}})
                     return
             if path == "/v1/chat/completions":
                 self._stream(engine.chat_stream(body)) if stream else self._send(200, engine.chat(body))
