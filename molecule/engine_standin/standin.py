@@ -427,12 +427,10 @@ class KvHandoff:
             try:
                 urllib.request.urlopen(urllib.request.Request(bootstrap, data=body, method="POST"),
                                        timeout=max(deadline - time.monotonic(), 0.1)).read()
-                while time.monotonic() < deadline:
-                    with urllib.request.urlopen(bootstrap, timeout=max(deadline - time.monotonic(), 0.1)) as answer:
-                        status = json.loads(answer.read())
-                    if status.get("state") in ("done", "failed"):
-                        break
-                    time.sleep(0.005)
+                # one long poll: the bootstrap answers once the hand-off ended or the wait ran out
+                wait = max(deadline - time.monotonic(), 0.1)
+                with urllib.request.urlopen(f"{bootstrap}?wait={wait:.3f}", timeout=wait + 5) as answer:
+                    status = json.loads(answer.read())
             except (OSError, urllib.error.URLError, ValueError) as exc:
                 status = {"state": "failed", "error": f"bootstrap {host}:{port} unreachable: {exc}"}
             if status.get("state") != "done":
@@ -459,6 +457,12 @@ class KvTransferError(RuntimeError):
     pass
 
 
+class BusyHTTPServer(ThreadingHTTPServer):
+    """A thread per request and a listen backlog for a benchmark's bursts (http.server's is 5:
+    a burst of 64 PD requests had connections refused)."""
+    request_queue_size = 256
+
+
 def make_bootstrap_handler(kv: KvHandoff):
     """The prefill engine's bootstrap port: decode engines register their buffers here."""
     class Bootstrap(BaseHTTPRequestHandler):
@@ -466,7 +470,7 @@ def make_bootstrap_handler(kv: KvHandoff):
             pass
 
         def _room(self):
-            match = re.fullmatch(r"/standin/kv/(-?\d+)", self.path)
+            match = re.fullmatch(r"/standin/kv/(-?\d+)", self.path.split("?")[0])
             return int(match.group(1)) if match else None
 
         def _send(self, code: int, payload: dict):
@@ -482,7 +486,12 @@ def make_bootstrap_handler(kv: KvHandoff):
             if room is None:
                 self._send(404, {"error": "not found"})
                 return
+            wait = re.search(r"[?&]wait=([0-9.]+)", self.path)
+            deadline = time.monotonic() + (float(wait.group(1)) if wait else 0)
             entry = kv.room(room)
+            with kv.rooms_changed:
+                while entry.get("state") not in ("done", "failed") and time.monotonic() < deadline:
+                    kv.rooms_changed.wait(max(deadline - time.monotonic(), 0.01))
             self._send(200, {k: v for k, v in entry.items() if k not in ("destination", "created")})
 
         def do_POST(self):  # noqa: N802
@@ -840,11 +849,11 @@ def main(argv=None) -> int:
         return 1
     server_args = load_server_args(args.config, rest)
     engine = Engine(server_args, name)
-    httpd = ThreadingHTTPServer((server_args.host, server_args.port), make_handler(engine))
+    httpd = BusyHTTPServer((server_args.host, server_args.port), make_handler(engine))
     httpd.daemon_threads = True
     if engine.kv is not None and engine.mode == "prefill":
-        bootstrap = ThreadingHTTPServer((server_args.host, server_args.disaggregation_bootstrap_port),
-                                        make_bootstrap_handler(engine.kv))
+        bootstrap = BusyHTTPServer((server_args.host, server_args.disaggregation_bootstrap_port),
+                                   make_bootstrap_handler(engine.kv))
         bootstrap.daemon_threads = True
         threading.Thread(target=bootstrap.serve_forever, daemon=True).start()
 
