@@ -52,7 +52,6 @@ It runs from the release venv, with the real SGLang installed, and:
                   the replies after them), as a stack that truncates context would
     spec_accept_length  the speculative accept length it reports in /metrics and
                   /server_info when the engine speculates (default 2.0)
-    kv_timeout_s  seconds either side waits for the other in a KV hand-off (default 30)
   The file is re-read on every /health and chat request, so a test can flip a switch on
   a running process.
 """
@@ -112,7 +111,6 @@ class Control:
             "token_s": float(os.environ.get("STANDIN_TOKEN_S", "0")),
             "drop_oldest_turns": 0,
             "spec_accept_length": 2.0,
-            "kv_timeout_s": 30.0,
         }
         try:
             values.update(json.loads(self.path.read_text()))
@@ -306,6 +304,7 @@ def shape_tokens(reply: str, max_tokens, ignore_eos: bool) -> list[str]:
 # ----------------------------------------------------------------------------- KV hand-off
 KV_SLOT_BYTES = 256 * 1024  # one request's KV at most (the lab's prompts are short)
 KV_SLOTS = 32               # requests in flight per engine
+KV_WAIT_S = 30.0            # either side's wait for the other (prefill's write ends at MC_TRANSFER_TIMEOUT)
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 
 
@@ -328,11 +327,11 @@ class KvHandoff:
     """One side of the PD hand-off, through SGLang's MooncakeTransferEngine (the real
     transfer engine from the lock), over host-memory buffers registered with it."""
 
-    def __init__(self, server_args, metrics: Metrics, control: Control):
+    def __init__(self, server_args, metrics: Metrics):
         from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import MooncakeTransferEngine
 
         self.mode = str(server_args.disaggregation_mode)
-        self.metrics, self.control = metrics, control
+        self.metrics = metrics
         self.engine = MooncakeTransferEngine(hostname=server_args.host, gpu_id=0,
                                              ib_device=server_args.disaggregation_ib_device)
         self.buffer = ctypes.create_string_buffer(KV_SLOT_BYTES * KV_SLOTS)
@@ -344,7 +343,7 @@ class KvHandoff:
         self.rooms_changed = threading.Condition()
 
     def timeout(self) -> float:
-        return float(self.control.get()["kv_timeout_s"])
+        return KV_WAIT_S
 
     def _take_slot(self, deadline: float) -> int:
         with self.slots:
@@ -527,7 +526,7 @@ class Engine:
         self.received: list = []
         self.lock = threading.Lock()
         # PD engines load the transfer engine at start, as SGLang's KV manager does
-        self.kv = KvHandoff(server_args, self.metrics, self.control) if self.mode in ("prefill", "decode") else None
+        self.kv = KvHandoff(server_args, self.metrics) if self.mode in ("prefill", "decode") else None
 
     def healthy(self) -> bool:
         ctl = self.control.get()
