@@ -17,6 +17,7 @@ import pytest
 import promlib
 
 HERE = Path(__file__).resolve().parent
+ROUTER_LAUNCHER = HERE.parents[1] / "roles/sglang_router/files/sglang-router-launch"
 TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
                "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
                "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 512,
@@ -57,15 +58,16 @@ def sglang_names(tmp_path_factory) -> set[str]:
 
 @pytest.fixture(scope="module")
 def router_names(tmp_path_factory) -> set[str]:
-    """Start the pinned sglang-router in PD mode against two plain HTTP workers, send it
-    requests, and read the metric names from its /metrics."""
+    """Start the pinned sglang-router in PD mode, with the launcher the router unit runs,
+    against two plain HTTP workers, send it requests, and read the metric names from its
+    /metrics."""
     log_dir = tmp_path_factory.mktemp("router")
     host = "127.0.0.1"
     prefill, decode, port, metrics = (promlib.free_port() for _ in range(4))
     procs = [subprocess.Popen([sys.executable, str(HERE / "fake_worker.py"), host, str(p)]) for p in (prefill, decode)]
     log = open(log_dir / "router.log", "wb")
     procs.append(subprocess.Popen(
-        [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+        [sys.executable, str(ROUTER_LAUNCHER), "--pd-disaggregation",
          "--prefill", f"http://{host}:{prefill}", "8998", "--decode", f"http://{host}:{decode}",
          "--host", host, "--port", str(port), "--prometheus-host", host, "--prometheus-port", str(metrics)],
         stdout=log, stderr=subprocess.STDOUT))
@@ -130,3 +132,19 @@ def test_gpu_metrics_exist_in_the_recorded_scrapes(used, tmp_path):
     assert len(wanted) >= 10
     missing = {n: sorted(used[n]) for n in wanted if n not in text and n.removesuffix("_total") not in text}
     assert not missing, missing
+
+
+def test_router_launcher_leaves_sglang_out_and_refuses_mini_lb():
+    """The unit's launcher parses with the package's own parser (its --help) without
+    importing SGLang, and refuses the Python load balancer it leaves out."""
+    shown = subprocess.run([sys.executable, "-X", "importtime", str(ROUTER_LAUNCHER), "--help"],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "--pd-disaggregation" in shown.stdout
+    imported = {line.split("|")[-1].strip() for line in shown.stderr.splitlines() if line.startswith("import time:")}
+    assert "sglang_router.router_args" in imported
+    assert not {name for name in imported if name == "sglang" or name.startswith("sglang.")}
+    refused = subprocess.run([sys.executable, str(ROUTER_LAUNCHER), "--mini-lb", "--worker-urls", "http://127.0.0.1:9"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1
+    assert "--mini-lb" in refused.stderr and "sglang_router_extra_args" in refused.stderr
