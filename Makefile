@@ -35,13 +35,30 @@ SITE_SCENARIOS   = $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecu
 
 step = @printf '\n\033[1m==> %s\033[0m  (%s)\n' "$(1)" "$$(date -u +%T)"
 
-# One timed `molecule test`: $(1) the directory it runs in, $(2) its arguments, $(3) the
-# name on its result line ("==> <name> passed in N s" or "FAILED after N s", which
-# .ci/failure_summary.py looks for).
-molecule_test = start=$$(date +%s); printf '\n\033[1m==> molecule test %s in %s\033[0m\n' '$(2)' '$(1)'; \
-  (cd $(1) && PATH=$(CURDIR)/$(VENV)/bin:$$PATH molecule test $(2)) \
-  && echo "==> $(3) passed in $$(( $$(date +%s) - start )) s" \
-  || { echo "==> $(3) FAILED after $$(( $$(date +%s) - start )) s"; exit 1; }
+# The test report: every step of `make test` records its result, start, duration and group
+# as JUnit XML in SM120_REPORT_DIR (.ci/step.py), with its log beside it; pytest adds its own
+# JUnit file per step. `make test` prints the table of it at the end (.ci/report.py) and
+# .ci/failure_summary.py reads it.
+export SM120_REPORT_DIR := $(CURDIR)/.cache/reports
+# $(call run_step,NAME[,GROUP]): the rest of the recipe line runs as step NAME of the report
+# (GROUP: default $SM120_STEP_GROUP, which `make test` sets to its phase)
+run_step = python3 $(CURDIR)/.ci/step.py $(if $(2),--group '$(2)') $(1) --
+# $(call sh_step,NAME): likewise for a shell command line, quoted after it
+sh_step = $(call run_step,$(1)) bash -euo pipefail -c
+# $(call junit,NAME): pytest's JUnit report for step NAME, where .ci/step.py looks for it
+junit = --junitxml=$(SM120_REPORT_DIR)/pytest/$(1).xml
+
+# One `molecule test`, as step $(3) of the report in a lane: $(1) the directory it runs in,
+# $(2) its arguments. Ansible's junit callback adds each playbook run of it (every task's
+# result and duration) under ansible/$(3)/ of the report: on the grafana scenario its CPU
+# cost was within the noise (33 s of CPU with it, 35 s without). The variable replaces
+# callbacks_enabled of .config/molecule/config.yml, hence profile_tasks named again.
+molecule_test = printf '\n\033[1m==> molecule test %s in %s\033[0m\n' '$(2)' '$(1)'; \
+  rm -rf $(SM120_REPORT_DIR)/ansible/$(3); \
+  cd $(1) && PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
+  ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks,ansible.builtin.junit \
+  JUNIT_OUTPUT_DIR=$(SM120_REPORT_DIR)/ansible/$(3) JUNIT_HIDE_TASK_ARGUMENTS=true \
+  $(call run_step,$(3),lane) molecule test $(2)
 
 .PHONY: help setup apt venv sglang-venv rootfs lab lab-destroy lint test test-static \
         test-unit test-drafts test-background test-kernels test-kernels-compiler test-kernels-interpreter test-monitoring test-recipes test-lab test-roles test-site test-scenario clean prometheus-bin \
@@ -60,8 +77,8 @@ apt: .cache/apt.stamp
 .cache/apt.stamp:
 	$(call step,apt packages: $(APT_PACKAGES))
 	@mkdir -p .cache
-	@if ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; fi
+	@$(call sh_step,apt) 'if ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; fi'
 	@touch $@
 
 # pip installs only the pinned uv, and uv the rest: pip unpacks one file at a time, and
@@ -69,9 +86,9 @@ apt: .cache/apt.stamp
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: requirements/controller.txt
 	$(call step,controller venv ($(VENV)) from requirements/controller.txt)
-	@python3 -m venv $(VENV)
-	@$(VENV)/bin/pip install -q "$$(grep -E '^uv==' requirements/controller.txt)"
-	@$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -r requirements/controller.txt
+	@$(call sh_step,venv) 'python3 -m venv $(VENV); \
+	  $(VENV)/bin/pip install -q "$$(grep -E "^uv==" requirements/controller.txt)"; \
+	  $(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -r requirements/controller.txt'
 	@touch $@
 
 # The pinned SGLang stack from its hashed lock, plus test-only tools: CPU kernel tests,
@@ -79,16 +96,16 @@ $(VENV)/.stamp: requirements/controller.txt
 sglang-venv: $(SGLANG_VENV)/.stamp
 $(SGLANG_VENV)/.stamp: files/sglang/requirements.lock requirements/kernels-test.txt $(VENV)/.stamp
 	$(call step,SGLang venv ($(SGLANG_VENV)) from files/sglang/requirements.lock)
-	@[ -x $(SGLANG_VENV)/bin/python ] || $(VENV)/bin/uv venv -q --python python3.11 $(SGLANG_VENV)
-	@$(VENV)/bin/uv pip sync -q --python $(SGLANG_VENV)/bin/python --require-hashes files/sglang/requirements.lock
-	@$(VENV)/bin/uv pip install -q --python $(SGLANG_VENV)/bin/python -r requirements/kernels-test.txt
+	@$(call sh_step,sglang-venv) '[ -x $(SGLANG_VENV)/bin/python ] || $(VENV)/bin/uv venv -q --python python3.11 $(SGLANG_VENV); \
+	  $(VENV)/bin/uv pip sync -q --python $(SGLANG_VENV)/bin/python --require-hashes files/sglang/requirements.lock; \
+	  $(VENV)/bin/uv pip install -q --python $(SGLANG_VENV)/bin/python -r requirements/kernels-test.txt'
 	@touch $@
 
 # Both at once: debootstrap mostly waits on the archive and the disk.
 rootfs: apt venv
 	$(call step,lab root filesystems (Debian 12 and 13; cached))
-	@$(LABCTL) rootfs bookworm >/dev/null & bookworm=$$!; $(LABCTL) rootfs trixie >/dev/null & trixie=$$!; \
-	  failed=0; wait $$bookworm || failed=1; wait $$trixie || failed=1; exit $$failed
+	@$(call sh_step,rootfs) '$(LABCTL) rootfs bookworm >/dev/null & bookworm=$$!; $(LABCTL) rootfs trixie >/dev/null & trixie=$$!; \
+	  failed=0; wait $$bookworm || failed=1; wait $$trixie || failed=1; exit $$failed'
 
 # ---------------------------------------------------------------------------- the lab
 lab: setup
@@ -109,29 +126,32 @@ lab-destroy: venv
 # ---------------------------------------------------------------------------- tests
 lint test-static: venv
 	$(call step,yamllint)
-	@$(ACTIVATE) && yamllint --strict .
+	@$(ACTIVATE) && $(call run_step,yamllint) yamllint --strict .
 	$(call step,ansible-lint (production profile))
-	@$(ACTIVATE) && ansible-lint --profile production
+	@$(ACTIVATE) && $(call run_step,ansible-lint) ansible-lint --profile production
 	$(call step,syntax check of every playbook)
-	@$(ACTIVATE) && for pb in site.yml rollback.yml bench.yml playbooks/*.yml; do \
-	  ansible-playbook -i inventory/lab --syntax-check "$$pb" >/dev/null && echo "ok  $$pb"; done
+	@$(ACTIVATE) && $(call sh_step,syntax-check) 'failed=0; for pb in site.yml rollback.yml bench.yml playbooks/*.yml; do \
+	  if ansible-playbook -i inventory/lab --syntax-check "$$pb" >/dev/null; then echo "ok  $$pb"; else failed=1; fi; done; \
+	  exit $$failed'
 	$(call step,role defaults match meta/argument_specs.yml)
-	@$(ACTIVATE) && python -m pytest -q tests/static
+	@$(ACTIVATE) && $(call run_step,static-tests) python -m pytest -q tests/static $(call junit,static-tests)
 
 test-kernels: sglang-venv
 	$(call step,kernels on CPU: Triton interpreter; sm_120 cross-compile; SGLang plugin)
-	@bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python
+	@$(call run_step,kernels) bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python
 
 # With the kernel's autogroups every session gets an equal share of the CPU whatever its
 # processes' nice values (each SSH login to a lab host is a session), so `make test` runs
 # the checks beside the Molecule lanes in a session of their own, and that session nice 19.
 test-kernels-compiler: sglang-venv
 	$(call step,kernels on CPU: sm_120 cross-compile; SGLang plugin; packaging)
-	@bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python compiler
+	@PYTEST_ADDOPTS="$${PYTEST_ADDOPTS:-} $(call junit,kernels-compiler)" $(call run_step,kernels-compiler) \
+	  bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python compiler
 
 test-kernels-interpreter: sglang-venv
 	$(call step,kernels on CPU: Triton interpreter against the torch references)
-	@bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python interpreter
+	@PYTEST_ADDOPTS="$${PYTEST_ADDOPTS:-} $(call junit,kernels-interpreter)" $(call run_step,kernels-interpreter) \
+	  bash files/kernels/scripts/test-cpu.sh $(CURDIR)/$(SGLANG_VENV)/bin/python interpreter
 
 # The checks `make test` runs beside the Molecule lanes (in its nice 19 session), one after
 # another and every one whatever fails (-k), so the log names each failure; the interpreter
@@ -143,41 +163,42 @@ test-background: sglang-venv prometheus-bin
 # mooncake.engine (the PD transfer engine the validation imports) links libibverbs (apt).
 test-recipes: sglang-venv apt
 	$(call step,recipes: every shipped layout through SGLang's parser and resolution, against the models' config.json)
-	@$(SGLANG_VENV)/bin/python tests/recipes/check_recipes.py
+	@$(call run_step,recipes-check) $(SGLANG_VENV)/bin/python tests/recipes/check_recipes.py
 	$(call step,release validation: what each engine loads at start; refusals of a missing package, parser or model class)
-	@$(SGLANG_VENV)/bin/python -m pytest -q -p no:warnings tests/recipes
+	@$(call run_step,recipes-validation) $(SGLANG_VENV)/bin/python -m pytest -q -p no:warnings tests/recipes \
+	  $(call junit,recipes-validation)
 
 test-unit: venv
 	$(call step,unit tests of the roles' plugins and scripts)
-	@$(ACTIVATE) && python -m pytest -q tests/unit
+	@$(ACTIVATE) && $(call run_step,unit-tests) python -m pytest -q tests/unit $(call junit,unit-tests)
 
 test-drafts: sglang-venv
 	$(call step,EAGLE-3 drafts: tensor names and shapes against the classes SGLang 0.5.23 loads them with)
-	@$(SGLANG_VENV)/bin/python -m pytest -q tests/drafts
+	@$(call run_step,drafts) $(SGLANG_VENV)/bin/python -m pytest -q tests/drafts $(call junit,drafts)
 
 prometheus-bin: $(PROMETHEUS_BIN_DIR)/promtool
 $(PROMETHEUS_BIN_DIR)/promtool: | apt
 	$(call step,promtool $(PROMETHEUS_DEB_VERSION) from Debian's prometheus package)
-	@rm -rf .cache/prometheus-deb && mkdir -p .cache/prometheus-deb
-	@cd .cache && apt-get download -qq prometheus=$(PROMETHEUS_DEB_VERSION)
-	@dpkg-deb -x .cache/prometheus_$(subst :,%3a,$(PROMETHEUS_DEB_VERSION))_amd64.deb .cache/prometheus-deb
-	@rm -f .cache/prometheus_*.deb
+	@$(call sh_step,prometheus-bin) 'rm -rf .cache/prometheus-deb && mkdir -p .cache/prometheus-deb; \
+	  (cd .cache && apt-get download -qq prometheus=$(PROMETHEUS_DEB_VERSION)); \
+	  dpkg-deb -x .cache/prometheus_$(subst :,%3a,$(PROMETHEUS_DEB_VERSION))_amd64.deb .cache/prometheus-deb; \
+	  rm -f .cache/prometheus_*.deb'
 
 monitoring-bin: $(MONITORING_BIN_DIR)/amtool
 $(MONITORING_BIN_DIR)/amtool: | apt
 	$(call step,node exporter and Alertmanager binaries from Debian's packages ($(MONITORING_DEBS)))
-	@rm -rf .cache/monitoring-deb && mkdir -p .cache/monitoring-deb/debs
-	@cd .cache/monitoring-deb/debs && apt-get download -qq $(MONITORING_DEBS)
-	@for deb in .cache/monitoring-deb/debs/*.deb; do dpkg-deb -x "$$deb" .cache/monitoring-deb; done
-	@rm -rf .cache/monitoring-deb/debs
+	@$(call sh_step,monitoring-bin) 'rm -rf .cache/monitoring-deb && mkdir -p .cache/monitoring-deb/debs; \
+	  (cd .cache/monitoring-deb/debs && apt-get download -qq $(MONITORING_DEBS)); \
+	  for deb in .cache/monitoring-deb/debs/*.deb; do dpkg-deb -x "$$deb" .cache/monitoring-deb; done; \
+	  rm -rf .cache/monitoring-deb/debs'
 
 test-monitoring: sglang-venv prometheus-bin
 	$(call step,monitoring: promtool rule tests; dashboards; metric names in the pinned SGLang and router)
-	@$(SGLANG_VENV)/bin/python -m pytest -q tests/monitoring
+	@$(call run_step,monitoring) $(SGLANG_VENV)/bin/python -m pytest -q tests/monitoring $(call junit,monitoring)
 
 test-lab: setup
 	$(call step,lab lifecycle: boot; failed converge; destroy leaves nothing)
-	@$(ACTIVATE) && python -m pytest -q tests/lab
+	@$(ACTIVATE) && $(call run_step,lab-lifecycle) python -m pytest -q tests/lab $(call junit,lab-lifecycle)
 
 # Role scenarios run two at a time (ROLE_JOBS): each lab has its own hosts and addresses,
 # and a scenario spends much of its time waiting on apt and systemd, so two lanes finish
@@ -216,17 +237,21 @@ molecule-site/%:
 #   restarts and timeouts: the checks that need no lab host (static, unit, recipes,
 #   monitoring, both kernel tiers) run beside them in a session of their own at nice 19
 #   (test-background) and take only that idle time. A failed lane stops them too.
+# Each step is recorded in the test report, whose table ends the output, passed or failed.
 MOLECULE_JOBS ?= 2
 test:
-	@$(MAKE) --no-print-directory -j4 --output-sync=target setup sglang-venv prometheus-bin monitoring-bin test-lab
+	@python3 .ci/report.py start
+	@SM120_STEP_GROUP='first phase' $(MAKE) --no-print-directory -j4 --output-sync=target \
+	  setup sglang-venv prometheus-bin monitoring-bin test-lab || { python3 .ci/report.py finish; exit 2; }
 	@# a background job of this shell leads no process group, so setsid runs in place: its pid
 	@# is the session's, which a failed lane kills whole
-	@setsid bash -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null; \
+	@setsid bash -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null; export SM120_STEP_GROUP=background; \
 	  exec nice -n 19 $(MAKE) --no-print-directory test-background' > .cache/background.log 2>&1 & background=$$!; \
 	  lanes=0; $(MAKE) --no-print-directory -j$(MOLECULE_JOBS) --output-sync=target \
 	    $(addprefix molecule-site/,$(SITE_RUN)) $(addprefix molecule-role/,$(ROLE_NAMES)) || lanes=$$?; \
 	  if [ $$lanes -ne 0 ]; then kill -- -$$background 2>/dev/null || true; fi; \
 	  checks=0; wait $$background || checks=$$?; cat .cache/background.log; \
+	  python3 .ci/report.py finish; \
 	  [ $$lanes -eq 0 ] && [ $$checks -eq 0 ]
 	$(call step,all tests passed)
 
