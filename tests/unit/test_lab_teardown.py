@@ -1,14 +1,11 @@
-"""labctl's teardown when a killed container is still finishing its last writes.
-
-A container whose poweroff timed out is killed; its processes can still be
-writing (a journal flush) while its root is removed, and the removal then fails with
-"Directory not empty". down() retries the removal, killing leftovers in
-between, and only gives up after RMTREE_TRIES attempts.
-"""
+"""labctl's teardown: a host's directory leaves the lab at once (a rename) and is deleted
+by a detached process, which tries again while a killed container is still finishing its
+last writes (a journal flush makes rm fail with "Directory not empty")."""
 
 from __future__ import annotations
 
-import errno
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -21,8 +18,8 @@ labctl = load("labctl", REPO / "molecule" / "lab" / "labctl.py")
 @pytest.fixture
 def host(tmp_path, monkeypatch):
     """A stopped host's directory (no pid) in a lab state directory of its own."""
-    monkeypatch.setenv("SM120_LAB_STATE", str(tmp_path))
-    monkeypatch.setattr(labctl.time, "sleep", lambda s: None)
+    monkeypatch.setenv("SM120_LAB_STATE", str(tmp_path / "lab"))
+    monkeypatch.setenv("SM120_LAB_ID", f"unit-{tmp_path.name}")
     hdir = labctl.host_dir("lab-x")
     (hdir / "rootfs" / "var" / "log" / "journal").mkdir(parents=True)
     (hdir / "rootfs" / "var" / "log" / "journal" / "system.journal").write_text("x")
@@ -30,45 +27,32 @@ def host(tmp_path, monkeypatch):
     return hdir
 
 
-def failing_remove(failures: int, calls: list):
-    """labctl.remove_tree that fails `failures` times as a racing writer makes it fail."""
-    real = labctl.remove_tree
-
-    def remove_tree(path):
-        calls.append(path)
-        if len(calls) <= failures:
-            raise OSError(errno.ENOTEMPTY, "Directory not empty", "rootfs")
-        return real(path)
-
-    return remove_tree
+def trashed(host: Path) -> list[Path]:
+    return sorted(labctl.trash_dir().glob(f"{labctl.lab_id()}-lab-x-*"))
 
 
-def test_down_retries_a_root_still_being_written(host, monkeypatch):
-    calls = []
-    monkeypatch.setattr(labctl, "remove_tree", failing_remove(2, calls))
+def wait_gone(host: Path, seconds: float) -> list[Path]:
+    deadline = time.monotonic() + seconds
+    while trashed(host) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return trashed(host)
+
+
+def test_down_removes_the_host_at_once_and_its_files_in_the_background(host):
     labctl.down("lab-x")
     assert not host.exists()
-    assert len(calls) == 3
+    assert labctl.all_hosts() == []
+    assert wait_gone(host, 10) == []
 
 
-def test_down_gives_up_after_its_tries(host, monkeypatch):
-    calls = []
-    monkeypatch.setattr(labctl, "remove_tree", failing_remove(labctl.RMTREE_TRIES, calls))
-    with pytest.raises(OSError):
-        labctl.down("lab-x")
-    assert len(calls) == labctl.RMTREE_TRIES
-    assert host.exists()
-
-
-def test_remove_tree_removes_and_reports_what_it_could_not(tmp_path, monkeypatch):
-    tree = tmp_path / "root"
-    (tree / "a" / "b").mkdir(parents=True)
-    (tree / "a" / "b" / "f").write_text("x")
-    labctl.remove_tree(tree)
-    assert not tree.exists()
-    # rm failing on a file a straggler is still writing: the error names it
-    tree.mkdir()
-    failed = labctl.subprocess.CompletedProcess([], 1, "", "rm: cannot remove 'root/var/log': Directory not empty")
-    monkeypatch.setattr(labctl.subprocess, "run", lambda *a, **k: failed)
-    with pytest.raises(OSError, match="Directory not empty"):
-        labctl.remove_tree(tree)
+def test_background_deletion_tries_again_while_a_file_cannot_go(host):
+    # An immutable file stands in for a straggler's write: rm fails until it is lifted.
+    journal = host / "rootfs/var/log/journal/system.journal"
+    subprocess.run(["chattr", "+i", str(journal)], check=True)
+    labctl.down("lab-x")
+    assert not host.exists()
+    time.sleep(1.5)
+    [moved] = trashed(host)
+    assert (moved / "rootfs/var/log/journal/system.journal").exists()
+    subprocess.run(["chattr", "-i", str(moved / "rootfs/var/log/journal/system.journal")], check=True)
+    assert wait_gone(host, 10) == []
