@@ -51,8 +51,8 @@ junit = --junitxml=$(SM120_REPORT_DIR)/pytest/$(1).xml
 # One `molecule test`, as step $(3) of the report in a lane: $(1) the directory it runs in,
 # $(2) its arguments. Ansible's junit callback adds each playbook run of it (every task's
 # result and duration) under ansible/$(3)/ of the report: on the grafana scenario its CPU
-# cost was within the noise (33 s of CPU with it, 35 s without). The variable replaces
-# callbacks_enabled of .config/molecule/config.yml, hence profile_tasks named again.
+# cost was within the noise (33 and 37 s of CPU in two runs with it, 35 s without). The
+# variable replaces callbacks_enabled of .config/molecule/config.yml, hence profile_tasks.
 molecule_test = printf '\n\033[1m==> molecule test %s in %s\033[0m\n' '$(2)' '$(1)'; \
   rm -rf $(SM120_REPORT_DIR)/ansible/$(3); \
   cd $(1) && PATH=$(CURDIR)/$(VENV)/bin:$$PATH \

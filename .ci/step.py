@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -66,13 +67,11 @@ def run(name: str, group: str, command: list[str]) -> int:
             log.write(f"{name}: cannot run {command[0]}: {err}\n".encode())
             rc = 127
         else:
-            while True:
+            # a thread blocks in wait(): Popen.wait(timeout) would poll every few milliseconds
+            ended = threading.Event()
+            threading.Thread(target=lambda: (proc.wait(), ended.set()), daemon=True).start()
+            while not ended.wait(FOLLOW_INTERVAL_S):
                 follow(tail, out)
-                try:
-                    proc.wait(timeout=FOLLOW_INTERVAL_S)  # returns as the command ends
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
                 # a signal to the process group (make's kill, ^C) reached the command too;
                 # one sent to this process alone is passed on once the command outlives it
                 if stopped_by and not forwarded and time.monotonic() - stopped_at > FORWARD_AFTER_S:
