@@ -97,6 +97,14 @@ def test_step_records_passed_and_failed_commands_with_their_exit_status(tmp_path
     assert 0 <= demo.seconds < 5 and abs(demo.start - time.time()) < 60
 
 
+def test_step_record_of_output_with_control_characters_stays_readable_xml(tmp_path):
+    # colours, an ansible-lint hyperlink and a NUL byte: XML 1.0 cannot hold \x1b or \x00
+    script = r"printf '\033[31mred\033[0m \033]8;;https://x\033\\link\033]8;;\033\\ nul\000 end\n'; exit 1"
+    assert step(tmp_path, "colours", "--", "bash", "-c", script).returncode == 1
+    (recorded,) = report.load(tmp_path).steps
+    assert recorded.output == "red link nul end"
+
+
 def test_step_failing_to_start_its_command_is_a_failed_step(tmp_path):
     result = step(tmp_path, "missing", "--", str(tmp_path / "no-such-command"))
     assert result.returncode == 127
