@@ -8,7 +8,13 @@ It runs from the release venv, with the real SGLang installed, and:
 
 * reads the engine's rendered config (`--config engines/<name>.yaml`) through SGLang's
   own `prepare_server_args` (with `--device cpu`), so host, port, mode, served model name
-  and parsers come from the real rendered arguments;
+  and parsers come from the real rendered arguments. SGLang is imported for that in a
+  separate process, sglang_resolve.py, once per config, environment and SGLang version:
+  its answer (the resolved arguments, what SGLang's PD hook sets in the environment, the
+  transfer engine's arguments and SGLang's metric families) is kept in
+  $XDG_CACHE_HOME/sm120-standin, and the serving process imports no SGLang module but
+  its msgspec-only sse_utils (an import of SGLang costs about 25 s of CPU; the lab starts
+  engines tens of times per run);
 * serves the HTTP surface the router, the smoke test, the benchmark and the agent suite
   use: /health (503 during a warmup and when told to fail), /health_generate,
   /server_info, /model_info (and the deprecated /get_* spellings), /v1/models,
@@ -20,7 +26,9 @@ It runs from the release venv, with the real SGLang installed, and:
   the request carries, so a stack that drops history fails the smoke test and the agent
   suite;
 * streams like SGLang 0.5.23 when a request says `stream: true`: server-sent events built
-  with SGLang's own chunk classes (sse_utils, protocol), the role chunk first, then
+  with SGLang's own sse_utils.build_sse_content (tool-call and usage chunks in the same
+  JSON that SGLang's protocol classes write: tests/monitoring/test_standin_surface.py
+  compares them byte for byte), the role chunk first, then
   reasoning, tool-call or content deltas one token (word) at a time, the finish chunk, a
   usage chunk when `stream_options.include_usage` is set, and `data: [DONE]`; /generate
   streams cumulative `text` with `meta_info` per token as SGLang's http_server does;
@@ -28,8 +36,9 @@ It runs from the release venv, with the real SGLang installed, and:
   asks, and paces its tokens: `ttft_s` before the first, `token_s` between the next ones
   (decode and unified engines; a prefill engine answers at once);
 * hands the KV cache over from prefill to decode through the real Mooncake transfer engine
-  of the release venv (SGLang's own MooncakeTransferEngine wrapper: the transport, ports and
-  timeouts come from the engine's environment as in a real engine): a prefill engine serves
+  of the release venv (mooncake.engine.TransferEngine, initialised with the arguments
+  SGLang's MooncakeTransferEngine wrapper passes it: the transport, ports and timeouts come
+  from the engine's environment as in a real engine): a prefill engine serves
   its bootstrap port, a decode engine registers a host-memory buffer for the request's
   bootstrap_room there, the prefill engine writes the request's KV bytes into it with
   transfer_sync_write, and the decode engine checks them against what the request implies
@@ -37,9 +46,12 @@ It runs from the release venv, with the real SGLang installed, and:
   num_transfer_failed_reqs, as SGLang aborts such a request);
 * records the last requests it received (GET /standin/requests: path, messages, words, and
   the KV hand-off: bytes, intact, milliseconds);
-* exports /metrics through SGLang's own SchedulerMetricsCollector and
-  TokenizerMetricsCollector (Prometheus multiprocess mode when PROMETHEUS_MULTIPROC_DIR is
-  set, as in the unit), updated on every request so the counters move;
+* exports /metrics with SGLang's own metric families (those its SchedulerMetricsCollector
+  and TokenizerMetricsCollector define, read by sglang_resolve.py), starting from the
+  samples a fresh engine exports and updated on every request as those collectors'
+  methods update them (tests/monitoring/test_standin_surface.py feeds the same requests
+  to SGLang's collectors and compares the two expositions sample by sample); Prometheus
+  multiprocess mode when PROMETHEUS_MULTIPROC_DIR is set, as in the unit;
 * has switches for fault tests, read from the environment or from the JSON file
   $STANDIN_CONTROL_DIR/<engine name>.json (default dir /etc/sm120-serve/standin):
     warmup_s      seconds /health answers 503 after start (default 2)
@@ -61,16 +73,20 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
+import importlib.util
 import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib.metadata import version
 from pathlib import Path
+from types import SimpleNamespace
 
 STARTED = time.monotonic()
 DEFAULT_CONTROL_DIR = "/etc/sm120-serve/standin"
@@ -85,16 +101,60 @@ def parse_args(argv):
     return known, rest
 
 
-def load_server_args(config: str, rest: list[str]):
-    """SGLang's own parser: the stand-in serves exactly what the rendered config says."""
-    from sglang.srt.server_args import prepare_server_args
+RESOLVER = Path(__file__).resolve().with_name("sglang_resolve.py")
+# Environment variables that change what SGLang resolves or its transfer engine does.
+RESOLVE_ENV_PREFIXES = ("SGLANG_", "SGL_", "MC_", "MOONCAKE_")
 
-    server_args = prepare_server_args(["--config", config, *rest, "--device", "cpu"])
-    if server_args.disaggregation_mode in ("prefill", "decode"):
-        # SGLang's own PD hook: mooncake_tcp sets MC_FORCE_TCP for the transfer engine
-        from sglang.srt.arg_groups.pd_disaggregation_hook import handle_pd_disaggregation
-        handle_pd_disaggregation(server_args)
-    return server_args
+
+def surface_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sm120-standin"
+
+
+def load_surface(config: str, rest: list[str]) -> dict:
+    """What SGLang makes of this config (sglang_resolve.py), from the cache when the config,
+    the arguments, the SGLang-relevant environment, SGLang's version and the resolver are
+    the ones it was made for."""
+    argv = ["--config", config, *rest]
+    text = Path(config).read_text()
+    # SGLang also reads the model's (and a draft's) config.json
+    model_configs = {}
+    for directory in re.findall(r"^[a-z-]*path:\s*(\S+)\s*$", text, re.M):
+        try:
+            model_configs[directory] = (Path(directory) / "config.json").read_text()
+        except OSError:
+            pass
+    key = hashlib.sha256(json.dumps({
+        "config": text, "models": model_configs, "argv": argv, "sglang": version("sglang"),
+        "resolver": RESOLVER.read_text(),
+        "environ": sorted((k, v) for k, v in os.environ.items() if k.startswith(RESOLVE_ENV_PREFIXES)),
+    }).encode()).hexdigest()
+    cached = surface_cache_dir() / f"{key}.json"
+    try:
+        return json.loads(cached.read_text())
+    except (OSError, ValueError):
+        pass
+    done = subprocess.run([sys.executable, str(RESOLVER), *argv], stdout=subprocess.PIPE, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"[standin] SGLang refused the engine's arguments ({RESOLVER.name} exited {done.returncode})")
+    surface = json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}.partial")
+        partial.write_text(json.dumps(surface))
+        partial.replace(cached)
+    except OSError as exc:  # a read-only home: every start resolves again
+        print(f"[standin] not caching SGLang's answer: {exc}", file=sys.stderr, flush=True)
+    return surface
+
+
+def sglang_module(relative: str, name: str):
+    """One dependency-light module of the installed SGLang, loaded from its file without
+    its packages' __init__ (sglang/__init__ imports torch and transformers)."""
+    origin = importlib.util.find_spec("sglang").submodule_search_locations[0]
+    spec = importlib.util.spec_from_file_location(name, Path(origin) / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class Control:
@@ -120,26 +180,50 @@ class Control:
 
 
 class Metrics:
-    """SGLang's own collectors, labelled as the real engine labels them."""
+    """SGLang's own metric families (read from its collectors by sglang_resolve.py), holding
+    what a fresh engine exports, and updated as the collectors' methods the engine calls
+    update them (observe_one_finished_request, observe_time_to_first_token,
+    observe_inter_token_latency, log_stats, observe_kv_transfer_metrics,
+    increment_transfer_failed_reqs)."""
 
-    def __init__(self, server_args):
-        self.enabled = bool(server_args.enable_metrics)
+    def __init__(self, surface: dict | None):
+        self.enabled = surface is not None
         if not self.enabled:
             return
-        from sglang.srt import runtime_context
-        runtime_context.publish(server_args, role="tokenizer")
-        from sglang.srt.observability import metrics_collector as mc
+        from prometheus_client import Counter, Gauge, Histogram, Summary
 
-        labels = mc.tokenizer_metric_labels()
-        self.labels = labels
-        self.tokenizer = mc.TokenizerMetricsCollector(server_args=server_args, labels=labels)
-        sched_labels = {**{k: v for k, v in labels.items() if k != "priority"},
-                        "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}
-        self.scheduler = mc.SchedulerMetricsCollector(labels=sched_labels, server_args=server_args)
-        self.mc = mc
+        kinds = {"counter": Counter, "gauge": Gauge, "histogram": Histogram, "summary": Summary}
+        self.families = {}
+        for f in surface["families"]:
+            extra = {}
+            if f["type"] == "histogram":
+                extra["buckets"] = [float(b) for b in f["buckets"]]
+            if f["type"] == "gauge":
+                extra["multiprocess_mode"] = f["multiprocess_mode"]
+            self.families[f["name"]] = kinds[f["type"]](f["name"], f["help"], labelnames=f["labelnames"],
+                                                        unit=f["unit"], **extra)
+        self.by_attr = {attr: self.families[name] for attr, name in surface["attributes"].items()}
+        self.labels = surface["labels"]
+        self.scheduler_labels = surface["scheduler_labels"]
         self.lock = threading.Lock()
-        self.running = 0
-        self.scheduler.log_stats(mc.SchedulerStats())
+        self.fresh_gauges = []  # what log_stats(SchedulerStats()) sets: every scheduler gauge's default
+        for sample in surface["samples"]:
+            metric = self.families[sample["family"]]
+            labels = {k: v for k, v in sample["labels"].items() if k in metric._labelnames}  # not a bucket's le
+            child = metric.labels(**labels) if metric._labelnames else metric
+            if sample["type"] == "gauge":
+                child.set(sample["value"])
+                self.fresh_gauges.append((child, sample["value"]))
+            elif sample["type"] == "counter" and sample["value"]:
+                child.inc(sample["value"])
+            elif sample["name"].endswith("_count") and sample["value"]:
+                raise ValueError(f"{sample['family']}: a fresh engine's observations cannot be replayed")
+
+    def _m(self, attr: str, **extra):
+        return self.by_attr[attr].labels(**{**self.labels, **extra})
+
+    def _s(self, attr: str):
+        return self.by_attr[attr].labels(**self.scheduler_labels)
 
     def request(self, prompt_tokens: int, generation_tokens: int, latency: float, disagg_mode: str,
                 cached_tokens: int = 0, ttft: float | None = None, stream: bool = False,
@@ -148,29 +232,45 @@ class Metrics:
             return
         ttft = latency / 2 if ttft is None else min(ttft, latency)
         with self.lock:
-            mc = self.mc
-            self.tokenizer.observe_one_finished_request(
-                self.labels, prompt_tokens=prompt_tokens, generation_tokens=generation_tokens,
-                cached_tokens=cached_tokens, e2e_latency=latency, has_grammar=False)
-            self.tokenizer.observe_time_to_first_token(self.labels, ttft, stream=stream)
-            self.tokenizer.observe_inter_token_latency(self.labels, latency - ttft, max(generation_tokens, 1))
-            stats = mc.SchedulerStats()
-            stats.gen_throughput = generation_tokens / max(latency, 1e-3)
-            stats.token_usage = 0.01
-            stats.cache_hit_rate = cached_tokens / max(prompt_tokens, 1)
-            stats.spec_accept_length = spec_accept_length
-            self.scheduler.log_stats(stats)
+            # observe_one_finished_request (has_grammar false, is_streaming left false)
+            self._m("tokenizer.prompt_tokens_total", is_streaming="false").inc(prompt_tokens)
+            self._m("tokenizer.generation_tokens_total", is_streaming="false").inc(generation_tokens)
+            if cached_tokens > 0:
+                self._m("tokenizer.cached_tokens_total", cache_source="total").inc(cached_tokens)
+            self._m("tokenizer.num_requests_total", is_streaming="false").inc(1)
+            self._m("tokenizer.histogram_e2e_request_latency", is_streaming="false").observe(float(latency))
+            self._m("tokenizer.prompt_tokens_histogram").observe(float(prompt_tokens))
+            self._m("tokenizer.uncached_prompt_tokens_histogram").observe(float(prompt_tokens - cached_tokens))
+            self._m("tokenizer.generation_tokens_histogram").observe(float(generation_tokens))
+            # observe_time_to_first_token
+            self._m("tokenizer.histogram_time_to_first_token", is_streaming="true" if stream else "false").observe(ttft)
+            # observe_inter_token_latency: the interval spread over the new tokens, in one bucket
+            tokens, interval = max(generation_tokens, 1), latency - ttft
+            itl = self._m("tokenizer.histogram_inter_token_latency")
+            itl._sum.inc(interval)
+            for i, bound in enumerate(itl._upper_bounds):
+                if interval / tokens <= bound:
+                    itl._buckets[i].inc(tokens)
+                    break
+            # log_stats(SchedulerStats(gen_throughput, token_usage, cache_hit_rate, spec_accept_length))
+            for child, value in self.fresh_gauges:
+                child.set(value)
+            self._s("scheduler.gen_throughput").set(generation_tokens / max(latency, 1e-3))
+            self._s("scheduler.token_usage").set(0.01)
+            self._s("scheduler.cache_hit_rate").set(cached_tokens / max(prompt_tokens, 1))
+            self._s("scheduler.spec_accept_length").set(spec_accept_length)
 
     def kv_transfer(self, nbytes: int, seconds: float):
         if self.enabled:
             with self.lock:
-                self.scheduler.observe_kv_transfer_metrics(
-                    latency_ms=seconds * 1000, total_mb=nbytes / 2**20, speed_gb_s=nbytes / max(seconds, 1e-6) / 1e9)
+                self._s("scheduler.kv_transfer_latency_ms").observe(seconds * 1000)
+                self._s("scheduler.kv_transfer_total_mb").observe(nbytes / 2**20)
+                self._s("scheduler.kv_transfer_speed_gb_s").observe(nbytes / max(seconds, 1e-6) / 1e9)
 
     def kv_transfer_failed(self):
         if self.enabled:
             with self.lock:
-                self.scheduler.increment_transfer_failed_reqs()
+                self._s("scheduler.num_transfer_failed_reqs").inc(1)
 
     def exposition(self) -> bytes:
         from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
@@ -323,17 +423,39 @@ def prompt_words(path: str, body: dict) -> int:
     return len((text if isinstance(text, str) else json.dumps(text)).split())
 
 
+class TransferEngine:
+    """mooncake.engine.TransferEngine (the real transfer engine from the lock), initialised,
+    registered and called as SGLang's MooncakeTransferEngine wrapper does."""
+
+    def __init__(self, arguments: dict):
+        from mooncake.engine import TransferEngine as MooncakeEngine
+
+        self.engine = MooncakeEngine()
+        if self.engine.initialize(arguments["hostname"], arguments["metadata_server"], arguments["protocol"],
+                                  arguments["device_name"]) != 0:
+            raise RuntimeError("Mooncake Transfer Engine initialization failed.")
+        host, port = arguments["hostname"], self.engine.get_rpc_port()
+        self.session_id = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def register(self, ptr: int, length: int):
+        if self.engine.register_memory(ptr, length) != 0:
+            raise RuntimeError("Mooncake memory registration failed")
+
+    def transfer_sync(self, session_id: str, buffer: int, peer_buffer_address: int, length: int) -> int:
+        try:
+            return self.engine.transfer_sync_write(session_id, buffer, peer_buffer_address, length)
+        except Exception:  # noqa: BLE001 - the wrapper reports any failure as -1
+            return -1
+
+
 class KvHandoff:
-    """One side of the PD hand-off, through SGLang's MooncakeTransferEngine (the real
-    transfer engine from the lock), over host-memory buffers registered with it."""
+    """One side of the PD hand-off, through the transfer engine, over host-memory buffers
+    registered with it."""
 
-    def __init__(self, server_args, metrics: Metrics):
-        from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import MooncakeTransferEngine
-
+    def __init__(self, server_args, mooncake_arguments: dict, metrics: Metrics):
         self.mode = str(server_args.disaggregation_mode)
         self.metrics = metrics
-        self.engine = MooncakeTransferEngine(hostname=server_args.host, gpu_id=0,
-                                             ib_device=server_args.disaggregation_ib_device)
+        self.engine = TransferEngine(mooncake_arguments)
         self.buffer = ctypes.create_string_buffer(KV_SLOT_BYTES * KV_SLOTS)
         self.base = ctypes.addressof(self.buffer)
         self.engine.register(self.base, KV_SLOT_BYTES * KV_SLOTS)
@@ -513,11 +635,11 @@ def make_bootstrap_handler(kv: KvHandoff):
 
 # ----------------------------------------------------------------------------- server
 class Engine:
-    def __init__(self, server_args, name: str):
-        self.sa = server_args
+    def __init__(self, surface: dict, name: str):
+        self.sa = server_args = SimpleNamespace(**surface["server_args"])
         self.name = name
         self.control = Control(name)
-        self.metrics = Metrics(server_args)
+        self.metrics = Metrics(surface["metrics"])
         self.mode = str(server_args.disaggregation_mode or "null")
         self.model = server_args.served_model_name or server_args.model_path
         self.speculative = bool(getattr(server_args, "speculative_algorithm", None))
@@ -526,7 +648,8 @@ class Engine:
         self.received: list = []
         self.lock = threading.Lock()
         # PD engines load the transfer engine at start, as SGLang's KV manager does
-        self.kv = KvHandoff(server_args, self.metrics) if self.mode in ("prefill", "decode") else None
+        self.kv = KvHandoff(server_args, surface["mooncake"], self.metrics) if self.mode in ("prefill", "decode") \
+            else None
 
     def healthy(self) -> bool:
         ctl = self.control.get()
@@ -536,13 +659,7 @@ class Engine:
         return float(self.control.get()["spec_accept_length"]) if self.speculative else 0.0
 
     def server_info(self) -> dict:
-        info = {}
-        for key, value in vars(self.sa).items():
-            try:
-                json.dumps(value)
-                info[key] = value
-            except TypeError:
-                info[key] = str(value)
+        info = dict(vars(self.sa))
         info.update({"version": _sglang_version(), "standin": True, "requests": self.requests,
                      "internal_states": [{"last_gen_throughput": 0.0,
                                           "avg_spec_accept_length": self.accept_length() or None}]})
@@ -633,12 +750,8 @@ class Engine:
                 "metadata": {"engine": self.name, "mode": self.mode}}
 
     def chat_stream(self, body: dict):
-        """SSE events as SGLang's serving_chat streams them, built with its own classes."""
-        from sglang.srt.entrypoints.openai.protocol import (
-            ChatCompletionResponseStreamChoice, ChatCompletionStreamResponse, DeltaMessage,
-            FunctionResponse, PromptTokensDetails, ToolCall, UsageInfo)
-        from sglang.srt.entrypoints.openai.sse_utils import build_sse_content
-
+        """SSE events as SGLang's serving_chat streams them."""
+        build_sse_content = sse_utils().build_sse_content
         started = time.monotonic()
         reply = self.chat_reply(body)
         ttft, token_s = self.pacing()
@@ -655,14 +768,11 @@ class Engine:
                 yield build_sse_content(chunk_id=rid, created=created, model=model, index=0, reasoning_content=word)
         if reply["tool_call"]:
             call = reply["tool_call"]
-            pieces = [FunctionResponse(name=call["function"]["name"], arguments="")] + [
-                FunctionResponse(arguments=part) for part in words_of(call["function"]["arguments"])]
-            for i, fn in enumerate(pieces):
+            pieces = [(call["id"], call["function"]["name"], "")] + [
+                (None, None, part) for part in words_of(call["function"]["arguments"])]
+            for i, (call_id, fn_name, arguments) in enumerate(pieces):
                 pace(i)
-                delta = DeltaMessage(tool_calls=[ToolCall(id=call["id"] if i == 0 else None, index=0, function=fn)])
-                chunk = ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[
-                    ChatCompletionResponseStreamChoice(index=0, delta=delta, finish_reason=None)])
-                yield f"data: {chunk.model_dump_json()}\n\n"
+                yield tool_call_chunk(rid, created, model, call_id, fn_name, arguments)
         for i, token in enumerate(reply["tokens"]):
             pace(i)
             yield build_sse_content(chunk_id=rid, created=created, model=model, index=0, content=token)
@@ -670,11 +780,7 @@ class Engine:
         prompt_tokens, completion_tokens = len(reply["words"]), reply["completion_tokens"]
         cached = self._count(reply["words"], completion_tokens, started, ttft=ttft, stream=True)
         if opts.get("include_usage"):
-            usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                              total_tokens=prompt_tokens + completion_tokens,
-                              prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
-            chunk = ChatCompletionStreamResponse(id=rid, created=created, model=model, choices=[], usage=usage)
-            yield f"data: {chunk.model_dump_json()}\n\n"
+            yield usage_chunk(rid, created, model, prompt_tokens, completion_tokens, cached)
         yield "data: [DONE]\n\n"
 
     def generate_reply(self, body: dict) -> tuple[list[str], list[str]]:
@@ -734,6 +840,40 @@ class Engine:
         return cached
 
 
+_SSE_UTILS = []
+
+
+def sse_utils():
+    """SGLang's sse_utils (msgspec only), loaded once."""
+    if not _SSE_UTILS:
+        _SSE_UTILS.append(sglang_module("srt/entrypoints/openai/sse_utils.py", "sglang_sse_utils"))
+    return _SSE_UTILS[0]
+
+
+def _sse_json(chunk: dict) -> str:
+    """JSON as pydantic's model_dump_json writes it: compact, UTF-8 unescaped."""
+    return "data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False) + "\n\n"
+
+
+def tool_call_chunk(rid: str, created: int, model: str, call_id, name, arguments: str) -> str:
+    """SGLang's ChatCompletionStreamResponse with one tool-call delta (protocol.py)."""
+    delta = {"role": None, "content": None, "reasoning_content": None,
+             "tool_calls": [{"id": call_id, "index": 0, "type": "function",
+                             "function": {"name": name, "arguments": arguments}}]}
+    return _sse_json({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                      "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None,
+                                   "matched_stop": None}], "usage": None})
+
+
+def usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int, cached: int) -> str:
+    """SGLang's ChatCompletionStreamResponse carrying only UsageInfo (protocol.py)."""
+    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+             "completion_tokens": completion_tokens, "prompt_tokens_details": {"cached_tokens": cached},
+             "reasoning_tokens": 0, "completion_tokens_details": None}
+    return _sse_json({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                      "choices": [], "usage": usage})
+
+
 def _sleep_until(deadline: float):
     delay = deadline - time.monotonic()
     if delay > 0:
@@ -741,11 +881,7 @@ def _sleep_until(deadline: float):
 
 
 def _sglang_version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("sglang")
-    except Exception:  # noqa: BLE001 - only informative
-        return "unknown"
+    return version("sglang")
 
 
 def make_handler(engine: Engine):
@@ -846,8 +982,10 @@ def main(argv=None) -> int:
         time.sleep(0.5)
         print(f"[standin {name}] told to crash (crash=true); exiting 1", file=sys.stderr, flush=True)
         return 1
-    server_args = load_server_args(args.config, rest)
-    engine = Engine(server_args, name)
+    surface = load_surface(args.config, rest)
+    os.environ.update(surface["environ"])  # SGLang's PD hook: MC_FORCE_TCP for mooncake_tcp
+    engine = Engine(surface, name)
+    server_args = engine.sa
     httpd = BusyHTTPServer((server_args.host, server_args.port), make_handler(engine))
     httpd.daemon_threads = True
     if engine.kv is not None and engine.mode == "prefill":
@@ -867,7 +1005,7 @@ def main(argv=None) -> int:
           + (f"; KV transfer engine session {engine.kv.engine.session_id}" if engine.kv else ""),
           file=sys.stderr, flush=True)
     httpd.serve_forever()
-    # SGLang's imports leave non-daemon threads behind; the real engine also exits hard.
+    # The transfer engine leaves non-daemon threads behind; the real engine also exits hard.
     sys.stderr.flush()
     os._exit(0)
 
