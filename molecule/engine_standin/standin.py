@@ -423,11 +423,23 @@ def prompt_words(path: str, body: dict) -> int:
     return len((text if isinstance(text, str) else json.dumps(text)).split())
 
 
+def preload_cuda_runtime():
+    """Load the venv's CUDA runtime (the nvidia wheels' libcudart) globally, as torch does when
+    a real engine imports it before its transfer engine: mooncake.engine links libcudart and
+    finds it only that way."""
+    spec = importlib.util.find_spec("nvidia")
+    for base in spec.submodule_search_locations if spec else []:
+        for library in sorted(Path(base).glob("*/lib/libcudart.so.*")):
+            ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+            return
+
+
 class TransferEngine:
     """mooncake.engine.TransferEngine (the real transfer engine from the lock), initialised,
     registered and called as SGLang's MooncakeTransferEngine wrapper does."""
 
     def __init__(self, arguments: dict):
+        preload_cuda_runtime()
         from mooncake.engine import TransferEngine as MooncakeEngine
 
         self.engine = MooncakeEngine()
