@@ -130,8 +130,9 @@ def test_step_names_the_junit_report_of_the_pytest_it_ran(tmp_path):
     (tmp_path / "test_demo.py").write_text("def test_pass():\n    pass\n\n"
                                            "def test_rate():\n    assert 0.3 <= 0.2, 'rate above limit'\n")
     junit = tmp_path / "reports" / "pytest" / "demo-tests.xml"
+    # its own rootdir, as make test's pytest steps have the repository's: test ids and classnames follow it
     result = step(tmp_path / "reports", "demo-tests", "--", sys.executable, "-m", "pytest", "-q", "-p",
-                  "no:cacheprovider", str(tmp_path / "test_demo.py"), f"--junitxml={junit}")
+                  "no:cacheprovider", f"--rootdir={tmp_path}", str(tmp_path / "test_demo.py"), f"--junitxml={junit}")
     assert result.returncode == 1
     (recorded,) = report.load(tmp_path / "reports").steps
     assert recorded.pytest == "pytest/demo-tests.xml"
