@@ -672,7 +672,7 @@ class Engine:
 
     def server_info(self) -> dict:
         info = dict(vars(self.sa))
-        info.update({"version": _sglang_version(), "standin": True, "requests": self.requests,
+        info.update({"version": version("sglang"), "standin": True, "requests": self.requests,
                      "internal_states": [{"last_gen_throughput": 0.0,
                                           "avg_spec_accept_length": self.accept_length() or None}]})
         return info
@@ -890,10 +890,6 @@ def _sleep_until(deadline: float):
     delay = deadline - time.monotonic()
     if delay > 0:
         time.sleep(delay)
-
-
-def _sglang_version() -> str:
-    return version("sglang")
 
 
 def make_handler(engine: Engine):

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,7 @@ reasoning-parser: deepseek-v4
 
 
 def run(tmp_path: Path, *argv: str) -> dict:
-    multiproc = tmp_path / f"multiproc-{argv[-2] if len(argv) > 1 else 'resolve'}"
-    multiproc.mkdir()
+    multiproc = Path(tempfile.mkdtemp(prefix="multiproc-", dir=tmp_path))  # one per process, as per engine
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PROMETHEUS_MULTIPROC_DIR": str(multiproc)}
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
