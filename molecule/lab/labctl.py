@@ -3,7 +3,8 @@
 
 The lab gives every host its own loopback address (127.0.X.N) in the shared network
 namespace and an sshd bound to it, so Ansible reaches lab hosts exactly as it reaches
-real ones (SSH, key, pipelining) and services on different hosts can use the same ports.
+real ones (SSH, key, pipelining; as root, or as `deploy`, a user with passwordless sudo)
+and services on different hosts can use the same ports.
 
 Commands (all print progress to stderr and a JSON result to stdout):
   rootfs RELEASE                 build (or reuse) the cached root filesystem
@@ -54,11 +55,15 @@ PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "python3", "python3-apt", "openssh-server",
     "ca-certificates", "iproute2", "procps", "sudo", "gnupg",
 ]
+# The unprivileged user an operator connects as, with passwordless sudo, as a cloud image's
+# default user has it (Debian's cloud images: `debian`; the README's inventory: `deploy`).
+# Every host authorizes the lab's key for it and for root.
+SUDO_USER = "deploy"
 # Units that have nothing to do in a container with a passive console.
 MASKED_UNITS = ["console-getty.service", "getty@tty1.service", "systemd-timesyncd.service",
                 "apt-daily.timer", "apt-daily-upgrade.timer"]
 # Bump when the recipe below changes in a way the hash cannot see.
-RECIPE_REVISION = "3"
+RECIPE_REVISION = "4"
 BOOT_TIMEOUT_S = 300  # generous: a loaded 2-core machine has taken over 120 s
 STOP_TIMEOUT_S = 10  # a lab host is thrown away: its clean poweroff is a courtesy
 KILL_ROUNDS = 50  # 0.1 s apart: what still runs in a host's root after its poweroff
@@ -97,7 +102,7 @@ def ssh_key() -> Path:
 
 
 def recipe_hash(release: str) -> str:
-    recipe = json.dumps([RECIPE_REVISION, release, MIRROR, SECURITY_MIRROR, PACKAGES, MASKED_UNITS])
+    recipe = json.dumps([RECIPE_REVISION, release, MIRROR, SECURITY_MIRROR, PACKAGES, MASKED_UNITS, SUDO_USER])
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
@@ -127,6 +132,13 @@ def build_rootfs(release: str) -> Path:
         link = partial / "etc/systemd/system" / unit
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
+    subprocess.run(["chroot", str(partial), "useradd", "--create-home", "--shell", "/bin/bash", SUDO_USER],
+                   check=True)
+    sudoers = partial / "etc/sudoers.d" / f"90-{SUDO_USER}"
+    sudoers.write_text(f"{SUDO_USER} ALL=(ALL) NOPASSWD:ALL\n")
+    sudoers.chmod(0o440)
+    subprocess.run(["chroot", str(partial), "visudo", "--check", "--quiet", "--file", f"/etc/sudoers.d/{sudoers.name}"],
+                   check=True)
     # Each host gets its own machine id at copy time.
     (partial / "etc/machine-id").write_text("")
     subprocess.run(["chroot", str(partial), "apt-get", "clean"], check=True)
@@ -137,6 +149,21 @@ def build_rootfs(release: str) -> Path:
     partial.rename(root)
     log(f"{release} root filesystem ready in {time.monotonic() - started:.0f} s")
     return root
+
+
+def authorize(root: Path, key: Path) -> None:
+    """The lab's key, authorized for root and SUDO_USER in the host's root filesystem (the
+    host has no user namespace: its ids are the controller's numbers)."""
+    users = {line.split(":")[0]: line.split(":") for line in (root / "etc/passwd").read_text().splitlines()}
+    for user in ("root", SUDO_USER):
+        _, _, uid, gid, _, home, _ = users[user]
+        ssh_dir = root / home.lstrip("/") / ".ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        keys = ssh_dir / "authorized_keys"
+        keys.write_text(Path(f"{key}.pub").read_text())
+        keys.chmod(0o600)
+        for path in (ssh_dir, keys):
+            os.chown(path, int(uid), int(gid))
 
 
 def host_dir(name: str) -> Path:
@@ -225,16 +252,14 @@ def up(name: str, release: str, address: str, binds: list[str], seeds: list[str]
         dest.parent.mkdir(parents=True, exist_ok=True)
         log(f"{name}: seeding {container_path} from {host_path} (hardlinks)")
         # Hardlinks inside the host's root: no data copied, and uv links venvs from it.
-        subprocess.run(["cp", "-al", str(REPO / host_path), str(dest)], check=True)
+        # resolved: a cache that is a link to another checkout's is seeded with its contents
+        subprocess.run(["cp", "-al", str((REPO / host_path).resolve()), str(dest)], check=True)
     (root / "etc/hostname").write_text(f"{name}\n")
     (root / "etc/hosts").write_text(f"127.0.0.1 localhost\n{address} {name}\n")
     (root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
     (root / "etc/ssh/sshd_config.d/lab.conf").write_text(
         f"ListenAddress {address}\nPermitRootLogin prohibit-password\nUseDNS no\n")
-    ssh_dir = root / "root/.ssh"
-    ssh_dir.mkdir(mode=0o700, exist_ok=True)
-    (ssh_dir / "authorized_keys").write_text(Path(f"{ssh_key()}.pub").read_text())
-    (ssh_dir / "authorized_keys").chmod(0o600)
+    authorize(root, ssh_key())
     cmd = ["systemd-nspawn", "-D", str(root), "--boot", "--register=no", "--keep-unit",
            "--console=passive", f"--machine={name}"]
     # Per host: apt locks its archive directory, so hosts installing at the same time

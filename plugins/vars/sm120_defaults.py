@@ -5,6 +5,12 @@ in this repository would either not apply to an operator's inventory (site.yml i
 playbooks/site.yml) or outrank its group_vars (a playbook at the root). This plugin gives
 them to group `all` just below the first inventory source's own group_vars/all, so every
 value an operator sets (inventory file, group_vars, host_vars, extra vars) wins.
+
+It also gives the controller (host `localhost`: every `delegate_to: localhost` task and
+every `hosts: localhost` play) `ansible_become: false`, as a host variable: the operator's
+`ansible_become: true` in group_vars/all applies to localhost too, and a task's or play's
+`become: false` does not undo it (connection variables outrank keywords), so without this a
+controller task of a sudo operator would run sudo on the controller.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ DOCUMENTATION = """
           variables of group C(all) for the first inventory source.
         - Keys that the inventory file sets inline (C(vars:) of any group) are left out, so
           those inline values apply too.
+        - Gives host C(localhost) (the controller) C(ansible_become=false), below the
+          inventory's own host_vars.
     options:
       stage:
         ini:
@@ -67,8 +75,12 @@ class VarsModule(BaseVarsPlugin):
     def get_vars(self, loader, path, entities, cache=True):
         super().get_vars(loader, path, entities)
         entities = entities if isinstance(entities, list) else [entities]
+        if os.path.realpath(path) != _first_inventory_dir():
+            return {}
+        if any(e.base_type is InventoryObjectType.HOST and e.name == "localhost" for e in entities):
+            return {"ansible_become": False}
         everyone = [e for e in entities if e.base_type is InventoryObjectType.GROUP and e.name == "all"]
-        if not everyone or os.path.realpath(path) != _first_inventory_dir():
+        if not everyone:
             return {}
         data = {}
         for name in sorted(os.listdir(DEFAULTS_DIR)):
