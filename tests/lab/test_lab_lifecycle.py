@@ -24,11 +24,11 @@ def labctl(*args: str, lab_id: str, check: bool = True) -> subprocess.CompletedP
     return subprocess.run([*LABCTL, *args], env=env, capture_output=True, text=True, check=check)
 
 
-def ssh(address: str, command: str) -> str:
+def ssh(address: str, command: str, user: str = "root") -> str:
     key = REPO / ".cache/lab/ssh/id_ed25519"
     return subprocess.run(
         ["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-         "-o", "LogLevel=ERROR", f"root@{address}", command],
+         "-o", "LogLevel=ERROR", f"{user}@{address}", command],
         capture_output=True, text=True, check=True, timeout=60).stdout.strip()
 
 
@@ -52,6 +52,13 @@ def test_hosts_boot_systemd_as_pid1_with_their_own_identity(lab):
         assert ssh(address, "systemctl is-system-running") in ("running", "degraded")
         version = {"bookworm": "12", "trixie": "13"}[release]
         assert ssh(address, ". /etc/os-release; echo $VERSION_ID") == version
+
+
+def test_the_operator_user_logs_in_and_becomes_root_without_a_password(lab):
+    """As the README's inventory connects (ansible_user: deploy, ansible_become: true)."""
+    for _, address in HOSTS.values():
+        assert ssh(address, "id -un", user="deploy") == "deploy"
+        assert ssh(address, "sudo -n id -un", user="deploy") == "root"
 
 
 def test_same_port_on_two_hosts_reaches_each_host(lab):
