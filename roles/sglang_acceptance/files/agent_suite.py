@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Agent correctness through the router, with the openai client from the release venv.
+"""Agent correctness through the gateway and router, with the openai client from the release venv.
 
 Each conversation is multi-turn, offers a tool and asks for thinking on every turn, and
 runs twice: streamed (server-sent events, usage chunk) and not streamed. Per turn:
@@ -146,7 +146,8 @@ def conversation(client, model, name, size, stream, extra, seed):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--base-url", required=True, help="the router, e.g. http://host:8000")
+    ap.add_argument("--base-url", required=True, help="the gateway in front of the router, e.g. http://host:8000")
+    ap.add_argument("--api-key-file", required=True, help="a file holding the client key the gateway asks for")
     ap.add_argument("--model", required=True)
     ap.add_argument("--contexts", default="4096,32768,131072", help="conversation sizes, tokens")
     ap.add_argument("--context-limit", type=int, default=0, help="the recipe's context length (cap)")
@@ -154,7 +155,9 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="one short conversation, streamed")
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
-    client = openai.OpenAI(base_url=args.base_url.rstrip("/") + "/v1", api_key="none", timeout=args.timeout,
+    with open(args.api_key_file, encoding="utf-8") as f:
+        api_key = f.read().strip()
+    client = openai.OpenAI(base_url=args.base_url.rstrip("/") + "/v1", api_key=api_key, timeout=args.timeout,
                            max_retries=0)
     extra = json.loads(args.thinking)
     if args.smoke:

@@ -2,7 +2,10 @@
 """Run SGLang's serving benchmark (sglang.benchmark.serving) at several concurrency levels
 in one process (its imports take most of a minute), one level after the other.
 
-usage: bench_levels.py --workdir DIR --levels 1,8,32,64 --rounds N -- <benchmark arguments>
+usage: bench_levels.py --workdir DIR --levels 1,8,32,64 --rounds N --api-key-file F -- <benchmark arguments>
+
+The benchmark sends the client key in F (the gateway asks for it) as SGLang's benchmark
+does with OPENAI_API_KEY, which this process sets for itself (not on a command line).
 
 Each level sends rounds x concurrency requests (at least rounds) and writes its result to
 DIR/c<level>.jsonl; DIR/progress.log gets one line per level as it ends ("concurrency N
@@ -26,7 +29,9 @@ def main() -> int:
     ap.add_argument("--workdir", required=True, type=Path)
     ap.add_argument("--levels", required=True)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--api-key-file", required=True, type=Path)
     ours = ap.parse_args(argv[:split])
+    os.environ["OPENAI_API_KEY"] = ours.api_key_file.read_text().strip()
     bench_args = argv[split + 1:]
     ours.workdir.mkdir(parents=True, exist_ok=True)
     progress = ours.workdir / "progress.log"
