@@ -92,8 +92,10 @@ def test_the_bundle_carries_what_the_roles_install_from_debian():
     carried = set(bundle_defaults["bundle_debian_packages"]) | set(bundle_defaults["bundle_debian_pinned"])
     release = yaml.safe_load((REPO / "roles" / "sglang_release" / "defaults" / "main.yml").read_text())
     node = yaml.safe_load((REPO / "roles" / "node_exporter" / "defaults" / "main.yml").read_text())
+    gateway = yaml.safe_load((REPO / "roles" / "sglang_gateway" / "vars" / "main.yml").read_text())
     wanted = set(release["sglang_release_packages"]) | {node["node_exporter_package"], "prometheus",
-                                                       "prometheus-alertmanager", "python3-debian", "ca-certificates"}
+                                                       "prometheus-alertmanager", "python3-debian", "ca-certificates",
+                                                       gateway["sglang_gateway_package"]}
     assert wanted <= carried, sorted(wanted - carried)
     for package, role in bundle_defaults["bundle_debian_pinned"].items():
         assert "Debian-12" in yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())[

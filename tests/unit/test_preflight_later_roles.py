@@ -1,7 +1,7 @@
 """preflight's checks of the inputs that the roles after it would refuse only late.
 
 Each later role (nvidia_driver, cuda_toolkit, node_exporter, gpu_exporter, alertmanager,
-prometheus, grafana, sglang_release, sglang_router) refuses some inputs itself, but only in its own
+prometheus, grafana, sglang_release, sglang_router, sglang_gateway) refuses some inputs itself, but only in its own
 play, after earlier plays or hosts have changed. preflight_checks.py refuses them first;
 these tests pin what it refuses, what it lets through, and that the roles' defaults it falls
 back to are values it can judge.
@@ -23,7 +23,7 @@ LOCK = REPO / "files" / "sglang" / "requirements.lock"
 # "<host>: <variable>: <what is wrong> Fix: <what to do>."
 MESSAGE = re.compile(r"^[\w.-]+: [\w\[\]().' -]+: .+[.;)] Fix: .+\.$")
 ROLE_PREFIXES = ("alertmanager", "grafana", "prometheus", "node_exporter", "gpu_exporter", "nvidia_driver", "cuda_toolkit",
-                 "sglang_release", "sglang_router", "sglang_acceptance")
+                 "sglang_release", "sglang_router", "sglang_gateway", "sglang_acceptance")
 
 
 def _role_of(variable: str) -> str:
@@ -485,3 +485,59 @@ def test_monitoring_tls_needs_all_three_files_on_the_controller(tmp_path):
 def test_monitoring_basic_auth_is_refused_without_tls():
     errors = _well_formed(checks.web_config_errors({"monitoring_web_password": "pw"}, "h"))
     assert len(errors) == 1 and errors[0].startswith("h: monitoring_web_password: is set but TLS is off")
+
+
+# ----------------------------------------------------------------------------- sglang_gateway
+GOOD_KEYS = [{"name": "operator", "key": "A" * 31 + "b"}, {"name": "team-a", "key": "x/Y+z_-.~" * 4 + "=="}]
+
+
+def test_gateway_keys_well_formed_pass():
+    assert checks.gateway_errors({"sglang_gateway_client_keys": GOOD_KEYS}, "h") == []
+
+
+def test_gateway_without_keys_is_refused():
+    for variables in ({}, {"sglang_gateway_client_keys": []}):
+        (error,) = _well_formed(checks.gateway_errors(variables, "h"))
+        assert error.startswith("h: sglang_gateway_client_keys: is empty;"), error
+
+
+def test_gateway_empty_short_and_odd_keys_are_refused_and_never_shown():
+    keys = [{"name": "a", "key": ""}, {"name": "b", "key": "short-key-0123"}, {"name": "c", "key": "has space" * 4},
+            {"name": "d", "key": None}]
+    errors = _well_formed(checks.gateway_errors({"sglang_gateway_client_keys": keys}, "h"))
+    assert [e.split(":")[1].strip() for e in errors] == [
+        "sglang_gateway_client_keys[0] (a).key", "sglang_gateway_client_keys[1] (b).key",
+        "sglang_gateway_client_keys[2] (c).key", "sglang_gateway_client_keys[3] (d).key"]
+    assert "is empty" in errors[0] and "has 14 characters, fewer than 32" in errors[1]
+    assert "a bearer token cannot carry" in errors[2] and "is empty" in errors[3]
+    assert not any("short-key-0123" in e or "has space" in e for e in errors)
+
+
+def test_gateway_duplicate_names_and_keys_are_refused_naming_both_entries():
+    key = "k" * 40
+    keys = [{"name": "a", "key": key}, {"name": "a", "key": "m" * 40}, {"name": "c", "key": key}, {"key": "n" * 40}]
+    errors = _well_formed(checks.gateway_errors({"sglang_gateway_client_keys": keys}, "h"))
+    assert errors[0].startswith("h: sglang_gateway_client_keys[1] (a).name: a is also the name of "
+                                "sglang_gateway_client_keys[0];"), errors[0]
+    assert errors[1].startswith("h: sglang_gateway_client_keys[2] (c).key: is the key of sglang_gateway_client_keys[0] "
+                                "too;"), errors[1]
+    assert errors[2].startswith("h: sglang_gateway_client_keys[3].name: '' is not a name"), errors[2]
+    assert len(errors) == 3 and not any(key in e for e in errors)
+
+
+def test_gateway_tls_needs_certificate_and_key_on_the_controller(tmp_path):
+    for name in ("gw.crt", "gw.key", "ca.crt"):
+        (tmp_path / name).write_text("-----BEGIN-----\n")
+    base = {"sglang_gateway_client_keys": GOOD_KEYS, "sglang_gateway_tls_ca": str(tmp_path / "ca.crt")}
+    both = {"sglang_gateway_tls_cert": str(tmp_path / "gw.crt"), "sglang_gateway_tls_key": str(tmp_path / "gw.key")}
+    assert checks.gateway_errors({**base, **both}, "h") == []
+    assert checks.gateway_errors({**base, "sglang_gateway_tls_cert": "gw.crt", "sglang_gateway_tls_key": "gw.key",
+                                  "sglang_gateway_tls_ca": "ca.crt"}, "h", [str(tmp_path)]) == []
+    (no_key,) = _well_formed(checks.gateway_errors({**base, "sglang_gateway_tls_cert": both["sglang_gateway_tls_cert"]}, "h"))
+    assert no_key.startswith("h: sglang_gateway_tls_key: is not set but sglang_gateway_tls_cert is;"), no_key
+    (no_cert,) = _well_formed(checks.gateway_errors({**base, "sglang_gateway_tls_key": both["sglang_gateway_tls_key"]}, "h"))
+    assert no_cert.startswith("h: sglang_gateway_tls_cert: is not set but sglang_gateway_tls_key is;"), no_cert
+    (no_ca,) = _well_formed(checks.gateway_errors({**base, **both, "sglang_gateway_tls_ca": ""}, "h"))
+    assert no_ca.startswith("h: sglang_gateway_tls_ca: is not set but TLS is on;"), no_ca
+    (absent,) = _well_formed(checks.gateway_errors({**base, **both, "sglang_gateway_tls_key": "/nowhere/gw.key"}, "h"))
+    assert "'/nowhere/gw.key' is not a file on the controller" in absent

@@ -35,8 +35,10 @@ def test_every_roles_listener_on_one_box_from_the_roles_defaults():
     found = checks.listeners(box(), "box", ALL_IN_ONE)
     # Mooncake's transfer listeners: two ports per GPU rank of each PD engine, on every address
     transfer = [("*", p) for p in range(17000, 17016)]
+    # the router's own API on loopback, behind the gateway on the public port (8000)
     assert sorted((a, p) for a, p, _, _ in found) == sorted(
-        [("10.0.0.11", p) for p in (9100, 30000, 8998, 30001, 9400, 8000, 29000, 9090, 9093, 3000)] + transfer)
+        [("10.0.0.11", p) for p in (9100, 30000, 8998, 30001, 9400, 8000, 29000, 9090, 9093, 3000)] + transfer
+        + [("127.0.0.1", 8010)])
     assert errors(box()) == []
 
 

@@ -285,7 +285,7 @@ def disk_errors(mounts, path, needed_gb, host, var, needed_for="model weights an
 
 # The roles after preflight, whose defaults/main.yml sit beside this role's directory.
 LATER_ROLES = ("alertmanager", "grafana", "prometheus", "node_exporter", "gpu_exporter", "nvidia_driver", "cuda_toolkit",
-               "sglang_release", "sglang_router", "sglang_acceptance")
+               "sglang_release", "sglang_router", "sglang_gateway", "sglang_acceptance")
 ROLES_DIR = Path(__file__).resolve().parents[2]
 
 
@@ -461,6 +461,78 @@ def web_config_errors(variables, host, search_dirs=()):
         errors.append(_err(host, "monitoring_web_password", "is set but TLS is off (monitoring_web_tls_cert is "
                            "empty), and the password would cross the network in clear.",
                            "set monitoring_web_tls_cert, _key and _ca too, or leave the password empty."))
+    return errors
+
+
+GATEWAY_KEY_MIN = 32
+GATEWAY_KEY = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+GATEWAY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def gateway_errors(variables, host, search_dirs=()):
+    """sglang_gateway (router hosts): the client keys, and TLS's certificate, key and CA. A
+    message names an entry by index and name, never shows a key."""
+    errors = []
+    keys = _get(variables, "sglang_gateway_client_keys")
+    vault = ("in your ansible-vault file (README, \"Client keys, TLS and limits\"); make a key with "
+             "openssl rand -base64 32.")
+    if not isinstance(keys, list) or not keys:
+        errors.append(_err(host, "sglang_gateway_client_keys", "is empty; the gateway on this router host would "
+                           "refuse every request, the smoke test's too.",
+                           "give it at least one {name, key} entry (the first is the deployment's own) " + vault))
+        keys = []
+    names, values = {}, {}
+    for index, entry in enumerate(keys):
+        if not isinstance(entry, dict):
+            errors.append(_err(host, f"sglang_gateway_client_keys[{index}]", "is not a {name, key} mapping.",
+                               "write each entry as {name: <client>, key: <key>} " + vault))
+            continue
+        name = "" if entry.get("name") is None else str(entry.get("name"))
+        label = f"sglang_gateway_client_keys[{index}]" + (f" ({name})" if name else "")
+        if not GATEWAY_NAME.fullmatch(name):
+            errors.append(_err(host, f"{label}.name", f"{name!r} is not a name of letters, digits, '.', '_' and '-' "
+                               "(the gateway's access log records it instead of the key).",
+                               "give the entry such a name."))
+        elif name in names:
+            errors.append(_err(host, f"{label}.name", f"{name} is also the name of sglang_gateway_client_keys"
+                               f"[{names[name]}]; clients are told apart (and revoked) by name.",
+                               "give each entry a name of its own."))
+        else:
+            names[name] = index
+        key = "" if entry.get("key") is None else str(entry.get("key"))
+        if not key:
+            errors.append(_err(host, f"{label}.key", "is empty; a client without a key would be let in.",
+                               "set the client's key " + vault))
+        elif len(key) < GATEWAY_KEY_MIN:
+            errors.append(_err(host, f"{label}.key", f"has {len(key)} characters, fewer than {GATEWAY_KEY_MIN}: a "
+                               "short key can be guessed.", f"give it a key of {GATEWAY_KEY_MIN} or more characters " + vault))
+        elif not GATEWAY_KEY.fullmatch(key):
+            errors.append(_err(host, f"{label}.key", "has characters a bearer token cannot carry (letters, digits, "
+                               "'-', '.', '_', '~', '+', '/' and trailing '=' only).", "give it such a key " + vault))
+        elif key in values:
+            errors.append(_err(host, f"{label}.key", f"is the key of sglang_gateway_client_keys[{values[key]}] too; the "
+                               "two clients could not be told apart or revoked alone.", "give each client a key of its own " + vault))
+        else:
+            values[key] = index
+    cert = str(_get(variables, "sglang_gateway_tls_cert") or "").strip()
+    tls_key = str(_get(variables, "sglang_gateway_tls_key") or "").strip()
+    if cert and not tls_key:
+        errors.append(_err(host, "sglang_gateway_tls_key", "is not set but sglang_gateway_tls_cert is; nginx cannot "
+                           "serve TLS without the certificate's key.",
+                           "set it to the key's file on the controller, or leave both empty (plain HTTP)."))
+    if tls_key and not cert:
+        errors.append(_err(host, "sglang_gateway_tls_cert", "is not set but sglang_gateway_tls_key is; nginx cannot "
+                           "serve TLS without the certificate.",
+                           "set it to the certificate's file on the controller, or leave both empty (plain HTTP)."))
+    ca = str(_get(variables, "sglang_gateway_tls_ca") or "").strip()
+    if (cert or tls_key) and not ca:
+        errors.append(_err(host, "sglang_gateway_tls_ca", "is not set but TLS is on; the deployment's own clients "
+                           "(smoke test, acceptance) verify the gateway's certificate with it.",
+                           "set it to the file of the CA that signed the certificate, on the controller."))
+    for var, path in (("sglang_gateway_tls_cert", cert), ("sglang_gateway_tls_key", tls_key), ("sglang_gateway_tls_ca", ca)):
+        if path and not controller_file(path, search_dirs):
+            errors.append(_err(host, var, f"{path!r} is not a file on the controller; the sglang_gateway role copies "
+                               "it from there.", "correct the path, or leave the three TLS variables empty."))
     return errors
 
 
@@ -1148,8 +1220,13 @@ def listeners(variables, host, groups, group_names=None):
                           _role_value(variables, host, "gpu_exporter_port"), "GPU exporter", "gpu_exporter_port"))
     if member("router"):
         router = _role_value(variables, host, "sglang_router_host")
+        # The gateway (nginx) serves the router's API on the public port; the router itself
+        # listens on its loopback address.
         found.append((router, _role_value(variables, host, "sglang_router_port"), "router (API)",
                       "sglang_router_port"))
+        found.append((_role_value(variables, host, "sglang_router_internal_host"),
+                      _role_value(variables, host, "sglang_router_internal_port"), "router (its own API, behind the gateway)",
+                      "sglang_router_internal_port"))
         found.append((router, _role_value(variables, host, "sglang_router_metrics_port"), "router (metrics)",
                       "sglang_router_metrics_port"))
     if member("monitoring"):
@@ -1208,6 +1285,7 @@ class FilterModule:
             "preflight_disk_errors": disk_errors,
             "preflight_grafana_errors": grafana_errors,
             "preflight_web_config_errors": web_config_errors,
+            "preflight_gateway_errors": gateway_errors,
             "preflight_prometheus_errors": prometheus_errors,
             "preflight_alertmanager_errors": alertmanager_errors,
             "preflight_install_plan": install_plan,
