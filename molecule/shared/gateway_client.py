@@ -9,8 +9,8 @@ command line. Prints one JSON document.
   load     --stream-key-file F --key-file G --stream-tokens N --stop-file S: one streamed
            chat completion of N tokens with F while short completions with G run one after
            another until S exists and the stream has ended; the stream's start and end
-           (epoch seconds), chunks, finish reason and error, and every short request that
-           failed.
+           (epoch seconds), content chunks, finish reason, completion tokens (its usage
+           chunk) and error, and every short request that failed.
   limits   --key-file F: two streams with F at once (the second must get 429 where one
            request per key is the limit), then 10 short requests back to back (some must
            get 429 where the rate is limited without a burst).
@@ -69,7 +69,7 @@ def keys(args) -> dict:
 
 def load(args) -> dict:
     stream_c, steady_c = client(args.url, read(args.stream_key_file)), client(args.url, read(args.key_file))
-    stream = {"chunks": 0, "finish": None, "error": None}
+    stream = {"chunks": 0, "finish": None, "completion_tokens": None, "error": None}
     done = threading.Event()
 
     def run_stream():
@@ -77,11 +77,13 @@ def load(args) -> dict:
         try:
             for chunk in stream_c.chat.completions.create(
                     model=args.model, messages=PROMPT, max_tokens=args.stream_tokens, stream=True,
-                    extra_body={"ignore_eos": True}):
+                    stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
                 if chunk.choices and chunk.choices[0].delta.content:
                     stream["chunks"] += 1
                 if chunk.choices and chunk.choices[0].finish_reason:
                     stream["finish"] = chunk.choices[0].finish_reason
+                if chunk.usage:
+                    stream["completion_tokens"] = chunk.usage.completion_tokens
         except Exception as exc:  # noqa: BLE001 - reported
             stream["error"] = f"{type(exc).__name__}: {exc}"[:300]
         stream["end"] = time.time()

@@ -71,7 +71,8 @@ def test_listeners_of_an_example_box() -> None:
                      ("10.0.0.11", 30000, "engine prefill-0 (HTTP API and /metrics)"),
                      ("10.0.0.11", 8998, "engine prefill-0 (PD bootstrap)"),
                      ("10.0.0.11", 30001, "engine decode-0 (HTTP API and /metrics)"),
-                     ("10.0.0.11", 8000, "router (API)"), ("10.0.0.11", 29000, "router (metrics)")} | {
+                     ("10.0.0.11", 8000, "router (API)"), ("10.0.0.11", 29000, "router (metrics)"),
+                     ("127.0.0.1", 8010, "router (its own API, behind the gateway)")} | {
                      # Mooncake's transfer listeners (every address): two per GPU rank of each PD engine
                      ("*", port, f"engine {name} (KV transfer)")
                      for name, ports in (("prefill-0", range(17000, 17008)), ("decode-0", range(17008, 17016)))
