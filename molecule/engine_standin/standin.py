@@ -44,6 +44,12 @@ It runs from the release venv, with the real SGLang installed, and:
   transfer_sync_write, and the decode engine checks them against what the request implies
   before it answers (a failed or corrupted hand-off answers HTTP 500 and counts
   num_transfer_failed_reqs, as SGLang aborts such a request);
+* requires the engine's API keys as SGLang 0.5.23 does (`--api-key`, `--admin-api-key`):
+  every request goes through SGLang's own decide_request_auth (sglang/srt/utils/auth.py)
+  with the auth level SGLang's http_server gives the route (its @auth_level marks, read from
+  the source), so /health and /metrics stay open, the serving endpoints need the API key
+  and the admin endpoints the admin key; it logs its resolved arguments at start, as
+  SGLang's engine does (keys included: the unit's launcher redacts them);
 * records the last requests it received (GET /standin/requests: path, messages, words, and
   the KV hand-off: bytes, intact, milliseconds);
 * exports /metrics with SGLang's own metric families (those its SchedulerMetricsCollector
@@ -71,6 +77,7 @@ It runs from the release venv, with the real SGLang installed, and:
 from __future__ import annotations
 
 import argparse
+import ast
 import ctypes
 import hashlib
 import importlib.util
@@ -153,6 +160,7 @@ def sglang_module(relative: str, name: str):
     origin = importlib.util.find_spec("sglang").submodule_search_locations[0]
     spec = importlib.util.spec_from_file_location(name, Path(origin) / relative)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -659,6 +667,7 @@ class Engine:
         self.seen_prompts: list = []
         self.received: list = []
         self.lock = threading.Lock()
+        self.route_auth = RouteAuth(getattr(server_args, "api_key", None), getattr(server_args, "admin_api_key", None))
         # PD engines load the transfer engine at start, as SGLang's KV manager does
         self.kv = KvHandoff(server_args, surface["mooncake"], self.metrics) if self.mode in ("prefill", "decode") \
             else None
@@ -852,6 +861,51 @@ class Engine:
         return cached
 
 
+class RouteAuth:
+    """SGLang's request authorisation: its decide_request_auth, with the auth level its
+    http_server marks each route with (@auth_level; unmarked routes are NORMAL)."""
+
+    def __init__(self, api_key, admin_api_key):
+        self.auth = sglang_module("srt/utils/auth.py", "sglang_auth")
+        self.api_key, self.admin_api_key = api_key, admin_api_key
+        origin = importlib.util.find_spec("sglang").submodule_search_locations[0]
+        tree = ast.parse((Path(origin) / "srt/entrypoints/http_server.py").read_text())
+        self.levels = []  # (methods, path pattern, AuthLevel)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            level, routes = None, []
+            for dec in node.decorator_list:
+                if not isinstance(dec, ast.Call):
+                    continue
+                func = dec.func
+                if isinstance(func, ast.Name) and func.id == "auth_level":
+                    level = self.auth.AuthLevel[dec.args[0].attr]
+                elif isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "app" and dec.args \
+                        and isinstance(dec.args[0], ast.Constant):
+                    methods = {func.attr.upper()}
+                    for keyword in dec.keywords:
+                        if keyword.arg == "methods":
+                            methods = {m.value for m in keyword.value.elts}
+                    routes.append((methods, dec.args[0].value))
+            for methods, path in routes if level is not None else []:
+                pattern = re.compile("^" + re.sub(r"\\\{[^}]*\\\}", "[^/]+", re.escape(path)) + "$")
+                self.levels.append((methods, pattern, level))
+
+    def level(self, method: str, path: str):
+        for methods, pattern, level in self.levels:
+            if method in methods and pattern.match(path):
+                return level
+        return self.auth.AuthLevel.NORMAL
+
+    def decide(self, method: str, path: str, authorization):
+        """(allowed, HTTP status when refused)."""
+        decision = self.auth.decide_request_auth(
+            method=method, path=path, authorization_header=authorization, api_key=self.api_key,
+            admin_api_key=self.admin_api_key, auth_level=self.level(method, path))
+        return decision.allowed, decision.error_status_code
+
+
 _SSE_UTILS = []
 
 
@@ -933,8 +987,18 @@ def make_handler(engine: Engine):
             except ValueError:
                 return {}
 
+        def _authorised(self, path: str) -> bool:
+            allowed, status = engine.route_auth.decide(self.command, path, self.headers.get("Authorization"))
+            if not allowed:
+                if self.command == "POST":
+                    self._body()  # read it, so the connection can carry the next request
+                self._send(status, {"error": "Unauthorized" if status == 401 else "Forbidden"})
+            return allowed
+
         def do_GET(self):  # noqa: N802 - http.server's naming
             path = self.path.split("?")[0]
+            if not self._authorised(path):
+                return
             if path in ("/health", "/health_generate"):
                 ok = engine.healthy()
                 self._send(200 if ok else 503, {"status": "ok" if ok else "starting"})
@@ -956,6 +1020,8 @@ def make_handler(engine: Engine):
 
         def do_POST(self):  # noqa: N802
             path = self.path.split("?")[0]
+            if not self._authorised(path):
+                return
             body = self._body()
             stream = bool(body.get("stream"))
             # The KV hand-off comes first, as in SGLang: an engine told to fail its generations still
@@ -994,6 +1060,8 @@ def main(argv=None) -> int:
     os.environ.update(surface["environ"])  # SGLang's PD hook: MC_FORCE_TCP for mooncake_tcp
     engine = Engine(surface, name)
     server_args = engine.sa
+    # SGLang's engine logs its resolved arguments at start (engine.py, _server_args_for_logging)
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] server_args={surface['server_args']}", file=sys.stderr, flush=True)
     httpd = BusyHTTPServer((server_args.host, server_args.port), make_handler(engine))
     httpd.daemon_threads = True
     if engine.kv is not None and engine.mode == "prefill":

@@ -414,6 +414,36 @@ def _repo_key_errors(host, var, key, search_dirs, role):
                  "set the URL of the repository's signing key, or the path of a copy of it on the controller.")]
 
 
+SERVING_KEY_MIN = 32
+SERVING_KEY_FIX = ("generate it (openssl rand -hex 32) into an ansible-vault encrypted file for group all "
+                   "(ansible-vault create group_vars/all/vault.yml) and run with --ask-vault-pass.")
+
+
+def serving_key_errors(variables, host, engine_host, router_host):
+    """Engine and router hosts: the keys between the serving processes (defaults/sglang.yml)."""
+    wanted = (["sglang_worker_api_key"] if engine_host or router_host else []) \
+        + (["sglang_admin_api_key"] if engine_host else [])
+    errors, values = [], {}
+    for name in wanted:
+        value = _set(variables, name)
+        value = "" if value is None else str(value)
+        if not value:
+            errors.append(_err(host, name, "is not set; the engines require the key and the roles refuse to "
+                               "start them without it.", SERVING_KEY_FIX))
+        elif len(value) < SERVING_KEY_MIN:
+            errors.append(_err(host, name, f"is shorter than {SERVING_KEY_MIN} characters.", SERVING_KEY_FIX))
+        elif not re.fullmatch(r"[\x21-\x7e]+", value):
+            errors.append(_err(host, name, "has a space or a character outside printable ASCII, which an HTTP "
+                               "Authorization header cannot carry.", SERVING_KEY_FIX))
+        else:
+            values[name] = value
+    if len(values) == 2 and values["sglang_worker_api_key"] == values["sglang_admin_api_key"]:
+        errors.append(_err(host, "sglang_admin_api_key", "is the same as sglang_worker_api_key: the router, which "
+                           "holds the worker key, could call the engines' admin endpoints.",
+                           "use two different keys."))
+    return errors
+
+
 def grafana_errors(variables, host, search_dirs=()):
     """grafana (monitoring hosts): the admin password, and a local package to install."""
     errors = []
@@ -1284,6 +1314,7 @@ class FilterModule:
             "preflight_version_errors": version_errors,
             "preflight_disk_errors": disk_errors,
             "preflight_grafana_errors": grafana_errors,
+            "preflight_serving_key_errors": serving_key_errors,
             "preflight_web_config_errors": web_config_errors,
             "preflight_gateway_errors": gateway_errors,
             "preflight_prometheus_errors": prometheus_errors,

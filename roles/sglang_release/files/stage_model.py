@@ -2,12 +2,15 @@
 
     python stage_model.py --dest DIR --disk-gb N (--path SRC | --hf-repo REPO --hf-revision SHA)
                           [--checksums SHA256SUMS] [--eagle3-draft [--trust-remote-code] [--where TEXT]]
+                          [--token-stdin]
 
 * --path: rsync from a local or NFS directory (resumable: --partial; progress shown),
   then every line of the checksum file (sha256sum format, inside the weights) is verified.
   A path that is DEST itself (weights pushed there from the offline bundle) is only verified.
-* --hf-repo: huggingface_hub's snapshot_download at the pinned commit (resumable; token
-  from HF_TOKEN), then every LFS file is checked against the sha256 the Hub lists.
+* --hf-repo: huggingface_hub's snapshot_download at the pinned commit (resumable), then every
+  LFS file is checked against the sha256 the Hub lists. The token: with --token-stdin the
+  first line of standard input (how the roles pass it: no command line or environment of a
+  process holds it), else huggingface_hub's own (HF_TOKEN, HF_TOKEN_PATH, `hf auth login`).
 * --eagle3-draft: DEST is served as an EAGLE-3 draft, as published (no copy, no renaming).
   Once staged and verified, every tensor name and shape of the checkpoint is checked against
   the class this interpreter's SGLang picks for the draft config's architectures, by SGLang's
@@ -87,7 +90,7 @@ def stage_path(args, dest: Path) -> list[str]:
 def stage_hf(args, dest: Path) -> list[str]:
     from huggingface_hub import HfApi, snapshot_download
 
-    token = os.environ.get("HF_TOKEN") or None
+    token = args.token
     print(f"huggingface {args.hf_repo}@{args.hf_revision} -> {dest}", file=sys.stderr, flush=True)
     snapshot_download(repo_id=args.hf_repo, revision=args.hf_revision, local_dir=str(dest), token=token)
     info = HfApi().model_info(args.hf_repo, revision=args.hf_revision, files_metadata=True, token=token)
@@ -343,8 +346,10 @@ def main() -> int:
     ap.add_argument("--eagle3-draft", action="store_true")
     ap.add_argument("--trust-remote-code", action="store_true")
     ap.add_argument("--where", default="", help="host and variable named in a refusal")
+    ap.add_argument("--token-stdin", action="store_true", help="read the Hugging Face token from standard input")
     ap.add_argument("--check-draft", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.token = (sys.stdin.readline().strip() or None) if args.token_stdin else None
     if args.check_draft:
         try:
             print(json.dumps(draft_name_check(Path(args.check_draft), args.trust_remote_code)))
