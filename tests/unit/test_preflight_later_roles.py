@@ -64,6 +64,32 @@ def test_grafana_password_missing_or_short_is_refused_and_never_shown():
     assert checks.grafana_errors({"grafana_admin_password": "a-long-enough-password"}, "h") == []
 
 
+WORKER = "w" * 40
+ADMIN = "a" * 40
+
+
+@pytest.mark.parametrize("variables, engine, router, problems", [
+    ({"sglang_worker_api_key": WORKER, "sglang_admin_api_key": ADMIN}, True, True, []),
+    # a router-only host needs the worker key alone
+    ({"sglang_worker_api_key": WORKER}, False, True, []),
+    ({}, True, False, ["sglang_worker_api_key: is not set", "sglang_admin_api_key: is not set"]),
+    ({"sglang_worker_api_key": "short", "sglang_admin_api_key": ADMIN}, True, False,
+     ["sglang_worker_api_key: is shorter than 32 characters"]),
+    ({"sglang_worker_api_key": "w" * 20 + " " + "w" * 20, "sglang_admin_api_key": ADMIN}, True, False,
+     ["sglang_worker_api_key: has a space"]),
+    ({"sglang_worker_api_key": WORKER, "sglang_admin_api_key": WORKER}, True, False,
+     ["sglang_admin_api_key: is the same as sglang_worker_api_key"]),
+    # a monitoring-only host needs neither
+    ({}, False, False, []),
+])
+def test_serving_keys(variables, engine, router, problems):
+    found = checks.serving_key_errors(variables, "h1", engine, router)
+    assert len(found) == len(problems), found
+    for message, problem in zip(found, problems):
+        assert message.startswith("h1: " + problem) and "Fix:" in message
+        assert WORKER not in message and ADMIN not in message
+
+
 def test_grafana_local_package(tmp_path):
     ok = {"grafana_admin_password": "a-long-enough-password"}
     deb = tmp_path / "grafana_12.1.1_amd64.deb"
